@@ -1,0 +1,1 @@
+"""A GAN training framework that demonstrates, measures and enforces PyTorch autograd patterns."""

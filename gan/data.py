@@ -1,0 +1,267 @@
+"""Datasets and the LightningDataModule that feeds the GAN.
+
+Every dataset is a map-style dataset of ``(x, label)`` with ``x`` in [-1, 1] (images) or in data
+coordinates (2D mixtures); ``label`` is -1 where a dataset has none. Batches come from
+:class:`StepBatchSampler`, whose batch for generator step ``s`` is a pure function of ``(seed, s)``:
+a resumed run sees exactly the data an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+
+from gan.errors import ConfigError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+# --- 2D mixtures (DESIGN.md section 3) -------------------------------------------------------------
+
+def mixture_means(name: str) -> torch.Tensor:
+    """Means of the ring (8 on the unit circle) or grid (25 at even coordinates) mixture."""
+    if name == "ring":
+        # k/8 of a full turn for k = 0..7; linspace(0, 2*pi, 8) would repeat the first centre.
+        angles = 2 * math.pi * torch.arange(8, dtype=torch.float64) / 8
+        return torch.stack([angles.cos(), angles.sin()], dim=1).float()
+    if name == "grid":
+        axis = torch.tensor([-4.0, -2.0, 0.0, 2.0, 4.0])
+        return torch.cartesian_prod(axis, axis)
+    raise ConfigError(f"unknown mixture '{name}': use data=ring or data=grid")
+
+
+def mixture_dataset(name: str, num_points: int, std: float, seed: int) -> TensorDataset:
+    """``num_points`` samples, equally likely from each mode; the label is the mode index."""
+    generator = torch.Generator().manual_seed(seed)
+    means = mixture_means(name)
+    labels = torch.randint(len(means), (num_points,), generator=generator)
+    points = means[labels] + std * torch.randn(num_points, 2, generator=generator)
+    return TensorDataset(points, labels)
+
+
+# --- images --------------------------------------------------------------------------------------
+
+def to_model_range(images: torch.Tensor, image_size: int) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> float (N, C, S, S) in [-1, 1], resized bilinearly when S != H."""
+    x = images.float() / 127.5 - 1.0
+    if x.shape[-1] != image_size or x.shape[-2] != image_size:
+        x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False,
+                          antialias=True).clamp(-1, 1)
+    return x
+
+
+def digits_dataset(image_size: int) -> TensorDataset:
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+
+    digits = load_digits()
+    images = torch.from_numpy(digits.images).float().unsqueeze(1)  # (1797, 1, 8, 8), values 0..16
+    images = (images * (255.0 / 16.0)).round().to(torch.uint8)
+    return TensorDataset(to_model_range(images, image_size), torch.from_numpy(digits.target).long())
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (MNIST's format), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    if magic not in (2049, 2051):  # 2049: labels (N,), 2051: images (N, H, W), both uint8
+        raise ConfigError(f"{path} is not an MNIST IDX file (magic {magic}): re-download it")
+    ndim = magic & 0xFF
+    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def find_idx(raw_dirs: list[Path], stem: str) -> Path | None:
+    for directory in raw_dirs:
+        for candidate in (directory / stem, directory / f"{stem}.gz"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def mnist_like_dataset(name: str, root: str, split: str, download: bool, image_size: int) -> TensorDataset:
+    """MNIST / Fashion-MNIST from torchvision's on-disk layout, needing only the requested split.
+
+    torchvision's classes insist on all four files, unzipped; here the two files of ``split`` are
+    enough, gzipped or not, under ``<root>/<Class>/raw/`` or ``<root>/raw/``. With
+    ``data.download=true`` the real torchvision download fills in what is missing.
+    """
+    from torchvision import datasets
+
+    tv_class = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST}[name]
+    prefix = {"train": "train", "test": "t10k"}[split]
+    root_path = Path(root).expanduser()
+    raw_dirs = [root_path / tv_class.__name__ / "raw", root_path / "raw"]
+    stems = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
+    paths = [find_idx(raw_dirs, stem) for stem in stems]
+    if None in paths and download:
+        tv_class(str(root_path), train=split == "train", download=True)
+        paths = [find_idx(raw_dirs, stem) for stem in stems]
+    if None in paths:
+        raise ConfigError(
+            f"{name} {split} files not found under {raw_dirs[0]} or {raw_dirs[1]}: "
+            f"set data.root to the folder that holds them, or add data.download=true")
+    images = torch.from_numpy(read_idx(paths[0]).copy()).unsqueeze(1)
+    labels = torch.from_numpy(read_idx(paths[1]).astype(np.int64))
+    return TensorDataset(to_model_range(images, image_size), labels)
+
+
+def cifar10_dataset(root: str, split: str, download: bool, image_size: int) -> TensorDataset:
+    from torchvision import datasets
+
+    try:
+        ds = datasets.CIFAR10(str(Path(root).expanduser()), train=split == "train", download=download)
+    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted..."
+        raise ConfigError(f"cifar10 not found under {root}: set data.root, or add data.download=true "
+                          f"({e})") from None
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) uint8 -> NCHW
+    return TensorDataset(to_model_range(images, image_size), torch.tensor(ds.targets, dtype=torch.long))
+
+
+class ImageFolderDataset(Dataset):
+    """Images from a directory, flat or one subfolder per class; decoded lazily, square-cropped."""
+
+    def __init__(self, path: str, image_size: int, channels: int):
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"data.path={path} is not a directory: point it at a folder of images")
+        if channels not in (1, 3):
+            raise ConfigError(f"data.channels={channels}: use 1 (grayscale) or 3 (RGB)")
+        subfolders = sorted(p for p in root.iterdir() if p.is_dir())
+        if subfolders:
+            self.classes = [p.name for p in subfolders]
+            self.files = [(f, i) for i, d in enumerate(subfolders) for f in sorted(d.iterdir())
+                          if f.suffix.lower() in IMAGE_EXTENSIONS]
+        else:
+            self.classes = []
+            self.files = [(f, -1) for f in sorted(root.iterdir()) if f.suffix.lower() in IMAGE_EXTENSIONS]
+        if not self.files:
+            raise ConfigError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in data.path={path}")
+        self.image_size, self.mode = image_size, "L" if channels == 1 else "RGB"
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        file, label = self.files[index]
+        with Image.open(file) as img:
+            img = img.convert(self.mode)
+            side = min(img.size)  # centre square crop, then resize: no distortion
+            left, top = (img.width - side) // 2, (img.height - side) // 2
+            img = img.crop((left, top, left + side, top + side)).resize(
+                (self.image_size, self.image_size), Image.BICUBIC)
+            array = np.asarray(img, dtype=np.uint8).reshape(self.image_size, self.image_size, -1)
+        x = torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 127.5 - 1.0
+        return x, label
+
+
+def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> Dataset:
+    """The dataset named by ``cfg['name']`` (the ``data`` config group)."""
+    name = cfg["name"]
+    split = split or cfg.get("split", "train")
+    if split not in ("train", "test"):
+        raise ConfigError(f"data.split={split}: use train or test")
+    if name in ("ring", "grid"):
+        # The test split is a fresh draw from the same mixture.
+        return mixture_dataset(name, cfg["num_points"], cfg["std"], seed + (split == "test"))
+    if name == "digits":
+        return digits_dataset(cfg["image_size"])
+    if name in ("mnist", "fashion_mnist"):
+        return mnist_like_dataset(name, cfg["root"], split, cfg["download"], cfg["image_size"])
+    if name == "cifar10":
+        return cifar10_dataset(cfg["root"], split, cfg["download"], cfg["image_size"])
+    if name == "folder":
+        return ImageFolderDataset(cfg["path"], cfg["image_size"], cfg["channels"])
+    raise ConfigError(f"unknown dataset '{name}': use data=digits|ring|grid|mnist|fashion_mnist|cifar10|folder")
+
+
+def num_classes(dataset: Dataset) -> int:
+    """Number of labels (0 for unlabelled data)."""
+    if isinstance(dataset, ImageFolderDataset):
+        return len(dataset.classes)
+    return int(dataset.tensors[1].max()) + 1
+
+
+def data_shape(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """Shape of one sample: (2,) for 2D mixtures, (C, S, S) for images."""
+    if cfg["name"] in ("ring", "grid"):
+        return (2,)
+    return (cfg["channels"], cfg["image_size"], cfg["image_size"])
+
+
+# --- sampling ------------------------------------------------------------------------------------
+
+class StepBatchSampler(Sampler[list[int]]):
+    """Yields the batches for generator steps ``start_step, start_step + 1, ...`` without end.
+
+    Batch ``s`` is a pure function of ``(seed, s)``: epochs are seeded permutations of the dataset laid
+    end to end, and step ``s`` takes its slice of them. Resuming at step ``s`` therefore continues the
+    exact data order, which a plain shuffled DataLoader cannot do (Lightning would restart the epoch).
+    Under DDP each rank takes its own share of one global batch.
+    """
+
+    def __init__(self, dataset_size: int, batch_size: int, seed: int, start_step: int = 0,
+                 rank: int = 0, world_size: int = 1):
+        self.n, self.batch_size, self.seed, self.start_step = dataset_size, batch_size, seed, start_step
+        self.rank, self.world_size = rank, world_size
+        self._epoch, self._permutation = -1, torch.empty(0, dtype=torch.long)
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:  # consecutive steps share an epoch: draw its permutation once
+            self._epoch = epoch
+            self._permutation = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return self._permutation
+
+    def indices_for_step(self, step: int) -> list[int]:
+        global_batch = self.batch_size * self.world_size
+        first = step * global_batch + self.rank * self.batch_size
+        out: list[int] = []
+        position = first
+        while len(out) < self.batch_size:
+            epoch, offset = divmod(position, self.n)
+            take = self.permutation(epoch)[offset: offset + self.batch_size - len(out)].tolist()
+            out.extend(take)
+            position += len(take)
+        return out
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # Endless: Lightning stops at trainer.max_steps, and no epoch boundary ever restarts the order.
+        for step in itertools.count(self.start_step):
+            yield self.indices_for_step(step)
+
+
+class GANDataModule(L.LightningDataModule):
+    """Serves ``train.d_steps`` real minibatches per generator step (one for each D update)."""
+
+    def __init__(self, data_cfg: dict[str, Any], batch_size: int, d_steps: int, seed: int):
+        super().__init__()
+        self.cfg, self.batch_size, self.d_steps, self.seed = data_cfg, batch_size, d_steps, seed
+        self.dataset = build_dataset(data_cfg, seed)
+        if len(self.dataset) == 0:
+            raise ConfigError(f"data={data_cfg['name']} is empty")
+
+    def train_dataloader(self) -> DataLoader:
+        # Start where the (possibly restored) module left off; Lightning restores the checkpoint
+        # before it asks for the dataloader.
+        start = int(self.trainer.lightning_module.counters.g_steps) if self.trainer else 0
+        sampler = StepBatchSampler(len(self.dataset), self.batch_size * self.d_steps, self.seed, start,
+                                   self.trainer.global_rank if self.trainer else 0,
+                                   self.trainer.world_size if self.trainer else 1)
+        workers = int(self.cfg.get("num_workers", 0))
+        # An own generator: otherwise each new iterator draws its base seed from the global RNG, and a
+        # resumed run would consume one more draw than the uninterrupted one.
+        return DataLoader(self.dataset, batch_sampler=sampler, num_workers=workers,
+                          persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+                          generator=torch.Generator().manual_seed(self.seed))

@@ -1,0 +1,88 @@
+"""Adversarial losses, each a pair of small functions, and the discriminator penalties.
+
+``d(real_logits, fake_logits)`` is minimised by the discriminator, ``g(fake_logits)`` by the
+generator; logits are D's raw outputs, shape (N,). The sigmoid losses use ``softplus`` for
+numerical stability: ``-log(sigmoid(l)) == softplus(-l)`` and ``-log(1 - sigmoid(l)) == softplus(l)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gan.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AdversarialLoss:
+    d: Callable[[Tensor, Tensor], Tensor]
+    g: Callable[[Tensor], Tensor]
+
+
+def sigmoid_d(real: Tensor, fake: Tensor) -> Tensor:
+    """-log D(x) - log(1 - D(G(z))): binary cross-entropy, real = 1, fake = 0."""
+    return F.softplus(-real).mean() + F.softplus(fake).mean()
+
+
+def nonsaturating_g(fake: Tensor) -> Tensor:
+    """-log D(G(z)): strong gradients while D still rejects the fakes (Goodfellow et al. 2014)."""
+    return F.softplus(-fake).mean()
+
+
+def minimax_g(fake: Tensor) -> Tensor:
+    """log(1 - D(G(z))): the original minimax objective; saturates when D wins."""
+    return -F.softplus(fake).mean()
+
+
+def hinge_d(real: Tensor, fake: Tensor) -> Tensor:
+    return F.relu(1 - real).mean() + F.relu(1 + fake).mean()
+
+
+def critic_g(fake: Tensor) -> Tensor:
+    """-E[D(G(z))]: the hinge and Wasserstein generators maximise the critic's score."""
+    return -fake.mean()
+
+
+def lsgan_d(real: Tensor, fake: Tensor) -> Tensor:
+    """Least squares (Mao et al. 2017), targets 1 for real and 0 for fake."""
+    return 0.5 * (real - 1).pow(2).mean() + 0.5 * fake.pow(2).mean()
+
+
+def lsgan_g(fake: Tensor) -> Tensor:
+    return 0.5 * (fake - 1).pow(2).mean()
+
+
+def wasserstein_d(real: Tensor, fake: Tensor) -> Tensor:
+    return fake.mean() - real.mean()
+
+
+LOSSES = {
+    "nonsaturating": AdversarialLoss(sigmoid_d, nonsaturating_g),
+    "minimax": AdversarialLoss(sigmoid_d, minimax_g),
+    "hinge": AdversarialLoss(hinge_d, critic_g),
+    "lsgan": AdversarialLoss(lsgan_d, lsgan_g),
+    "wgan_gp": AdversarialLoss(wasserstein_d, critic_g),
+}
+
+
+def get_loss(name: str) -> AdversarialLoss:
+    if name not in LOSSES:
+        raise ConfigError(f"unknown loss '{name}': use loss={'|'.join(LOSSES)}")
+    return LOSSES[name]
+
+
+def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Tensor) -> Tensor:
+    """E[(||grad_x critic(x_hat)||_2 - 1)^2] on random interpolates x_hat (WGAN-GP).
+
+    ``create_graph=True``: the penalty is itself differentiated in D's backward, so the gradient
+    must be a differentiable function of D's weights, not a detached number.
+    ``fake`` must already be detached: the penalty trains D only.
+    """
+    alpha = torch.rand(real.shape[0], *([1] * (real.dim() - 1)), device=real.device, dtype=real.dtype)
+    x_hat = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    (grad,) = torch.autograd.grad(critic(x_hat).sum(), x_hat, create_graph=True)
+    return (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()

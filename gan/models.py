@@ -1,0 +1,163 @@
+"""Generators and discriminators: ``mlp`` (2D data and flattened images) and ``dcgan``.
+
+A conditional discriminator does not take labels itself: the training step builds its input as
+``torch.cat((condition, x), dim=1)`` so the detach of ``x`` is visible where it happens. Its input
+width therefore includes ``num_classes`` condition channels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import spectral_norm
+
+from gan.errors import ConfigError
+
+
+def condition_input(labels: torch.Tensor, num_classes: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """One-hot labels shaped to concatenate with a batch of ``shape``: (N, K) or (N, K, H, W) maps."""
+    one_hot = F.one_hot(labels, num_classes).float()
+    if len(shape) == 1:
+        return one_hot
+    return one_hot[:, :, None, None].expand(-1, -1, shape[1], shape[2])
+
+
+def resolution_plan(size: int) -> tuple[int, int]:
+    """(start, n): the image is ``start * 2**n`` pixels wide, halving while it stays >= 4 pixels."""
+    if size < 4:
+        raise ConfigError(f"model=dcgan needs data.image_size >= 4, got {size}")
+    n = 0
+    while size % 2 == 0 and size // 2 >= 4:
+        size //= 2
+        n += 1
+    return size, n
+
+
+class MLPGenerator(nn.Module):
+    def __init__(self, z_dim: int, shape: tuple[int, ...], hidden: int, layers: int, num_classes: int = 0):
+        super().__init__()
+        self.shape, self.num_classes = shape, num_classes
+        dims = [z_dim + num_classes] + [hidden] * layers
+        blocks: list[nn.Module] = []
+        for a, b in zip(dims[:-1], dims[1:]):
+            blocks += [nn.Linear(a, b), nn.ReLU()]
+        blocks.append(nn.Linear(dims[-1], math.prod(shape)))
+        if len(shape) > 1:  # images live in [-1, 1]; 2D points are unbounded
+            blocks.append(nn.Tanh())
+        self.net = nn.Sequential(*blocks)
+
+    def forward(self, z: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self.num_classes:
+            z = torch.cat((z, F.one_hot(labels, self.num_classes).float()), dim=1)
+        return self.net(z).view(-1, *self.shape)
+
+
+class MLPDiscriminator(nn.Module):
+    def __init__(self, in_features: int, hidden: int, layers: int):
+        super().__init__()
+        dims = [in_features] + [hidden] * layers
+        blocks: list[nn.Module] = [nn.Flatten()]
+        for a, b in zip(dims[:-1], dims[1:]):
+            blocks += [nn.Linear(a, b), nn.LeakyReLU(0.2)]
+        blocks.append(nn.Linear(dims[-1], 1))
+        self.net = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).view(-1)
+
+
+class DCGANGenerator(nn.Module):
+    """z -> (start x start) -> n doublings by transposed convolutions -> tanh image."""
+
+    def __init__(self, z_dim: int, channels: int, image_size: int, width: int, num_classes: int = 0):
+        super().__init__()
+        self.num_classes = num_classes
+        start, n = resolution_plan(image_size)
+        widths = [width * 2 ** (n - 1 - i) for i in range(n)] + [channels]
+        blocks: list[nn.Module] = [nn.Unflatten(1, (z_dim + num_classes, 1, 1))]
+        if n == 0:
+            blocks += [nn.ConvTranspose2d(z_dim + num_classes, channels, start), nn.Tanh()]
+        else:
+            blocks += [nn.ConvTranspose2d(z_dim + num_classes, widths[0], start, bias=False),
+                       nn.BatchNorm2d(widths[0]), nn.ReLU()]
+            for i in range(n):
+                last = i == n - 1
+                blocks.append(nn.ConvTranspose2d(widths[i], widths[i + 1], 4, 2, 1, bias=last))
+                blocks += [nn.Tanh()] if last else [nn.BatchNorm2d(widths[i + 1]), nn.ReLU()]
+        self.net = nn.Sequential(*blocks)
+        dcgan_init(self)
+
+    def forward(self, z: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self.num_classes:
+            z = torch.cat((z, F.one_hot(labels, self.num_classes).float()), dim=1)
+        return self.net(z)
+
+
+class DCGANDiscriminator(nn.Module):
+    """n strided convolutions halve the image to (start x start); one convolution gives the score."""
+
+    def __init__(self, in_channels: int, image_size: int, width: int, batchnorm: bool = True):
+        super().__init__()
+        start, n = resolution_plan(image_size)
+        blocks: list[nn.Module] = []
+        channels = in_channels
+        for i in range(n):
+            out = width * 2 ** i
+            blocks.append(nn.Conv2d(channels, out, 4, 2, 1, bias=not (batchnorm and i > 0)))
+            if batchnorm and i > 0:  # no BatchNorm on the input layer (Radford et al.)
+                blocks.append(nn.BatchNorm2d(out))
+            blocks.append(nn.LeakyReLU(0.2))
+            channels = out
+        blocks += [nn.Conv2d(channels, 1, start), nn.Flatten(0)]
+        self.net = nn.Sequential(*blocks)
+        dcgan_init(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def dcgan_init(module: nn.Module) -> None:
+    """Weights N(0, 0.02), BatchNorm scales N(1, 0.02), as in the DCGAN paper."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.normal_(m.weight, 1.0, 0.02)
+            nn.init.zeros_(m.bias)
+
+
+def apply_spectral_norm(module: nn.Module) -> nn.Module:
+    """Spectral normalization on every conv and linear layer; its power-iteration vector is a buffer."""
+    for name, child in module.named_children():
+        if isinstance(child, (nn.Conv2d, nn.Linear)):
+            setattr(module, name, spectral_norm(child))
+        else:
+            apply_spectral_norm(child)
+    return module
+
+
+def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
+                 num_classes: int = 0) -> tuple[nn.Module, nn.Module]:
+    """(G, D) for the ``model`` config group; ``num_classes`` > 0 makes both class-conditional."""
+    name = model_cfg["name"]
+    condition_channels = num_classes
+    if name == "mlp":
+        g = MLPGenerator(z_dim, shape, model_cfg["hidden"], model_cfg["layers"], num_classes)
+        d_in = (shape[0] + condition_channels) * math.prod(shape[1:])
+        d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"])
+    elif name == "dcgan":
+        if len(shape) != 3:
+            raise ConfigError("model=dcgan needs image data: use model=mlp for data=ring or data=grid")
+        channels, size = shape[0], shape[1]
+        g = DCGANGenerator(z_dim, channels, size, model_cfg["width"], num_classes)
+        d = DCGANDiscriminator(channels + condition_channels, size, model_cfg["width"],
+                               model_cfg.get("d_batchnorm", True))
+    else:
+        raise ConfigError(f"unknown model '{name}': use model=mlp or model=dcgan")
+    if model_cfg.get("spectral_norm", False):
+        apply_spectral_norm(d)
+    return g, d

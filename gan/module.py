@@ -1,0 +1,193 @@
+"""GANModule: the training step, the heart of the project.
+
+Per generator step: one G forward; a D update on ``D(real)`` and ``D(fake.detach())``; a G update
+through the undetached ``D(fake)`` with D frozen. Two optimizers stepped by hand (Lightning's manual
+optimization), gradients cleared with ``set_to_none=True``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from gan import audit
+from gan.evaluation import evaluating, frozen
+from gan.losses import get_loss, gradient_penalty
+from gan.models import build_models, condition_input
+from gan.stats import EMAGenerator, RunningMean, StepCounters
+
+
+class GANModule(L.LightningModule):
+    def __init__(self, cfg: dict[str, Any], data_shape: tuple[int, ...], num_classes: int = 0):
+        super().__init__()
+        # Plain containers only: an OmegaConf DictConfig in the checkpoint would make it unloadable
+        # with torch.load(weights_only=True) ("Unsupported global").
+        self.save_hyperparameters({"cfg": cfg, "data_shape": list(data_shape), "num_classes": num_classes})
+        self.automatic_optimization = False  # two optimizers, stepped explicitly in training_step
+        self.cfg, self.data_shape, self.num_classes = cfg, tuple(data_shape), num_classes
+        self.z_dim, self.d_steps = cfg["train"]["z_dim"], cfg["train"]["d_steps"]
+        self.audit = bool(cfg.get("audit", False))
+        self.loss = get_loss(cfg["loss"]["name"])
+        self.gp_weight = float(cfg["loss"].get("gp_weight", 0.0))
+
+        self.G, self.D = build_models(cfg["model"], self.z_dim, self.data_shape, num_classes)
+        ema = cfg["ema"]
+        self.ema = EMAGenerator(self.G, ema["decay"], ema["start"]) if ema["enabled"] else None
+        self.counters = StepCounters()
+        self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
+        # Fixed noise for sample grids: a persistent buffer, so grids stay comparable across resume.
+        n = cfg["log"]["num_points"] if len(self.data_shape) == 1 else cfg["log"]["num_samples"]
+        generator = torch.Generator().manual_seed(cfg["seed"])
+        self.register_buffer("sample_noise", torch.randn(n, self.z_dim, generator=generator))
+        # Labels for conditional grids: one row per class.
+        self.register_buffer("sample_labels", torch.arange(n) % max(num_classes, 1))
+        self._pending_rng: dict[str, Any] | None = None
+
+    # --- the training step -----------------------------------------------------------------------
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        opt_g, opt_d = self.optimizers()
+        reals, labels = batch[0].chunk(self.d_steps), batch[1].chunk(self.d_steps)
+
+        # Extra D updates (d_steps > 1, e.g. wgan_gp) come first. Only D learns from them, so their
+        # fakes are made under no_grad: no graph through G is built just to be cut off again.
+        for real, y in zip(reals[:-1], labels[:-1]):
+            with torch.no_grad():
+                extra_fake = self.G(self.noise(len(real)), y)
+            self.update_d(opt_d, real, extra_fake, y)
+        real, y = reals[-1], labels[-1]
+
+        # One G forward serves both updates; its graph is kept for the generator's backward.
+        fake = self.G(self.noise(len(real)), y)
+
+        # D update on D(real) and D(fake.detach()). detach() cuts the graph at `fake`: D's backward
+        # stops there, leaving G's gradients untouched and G's graph alive for the update below.
+        d_loss, real_logits, fake_logits = self.update_d(opt_d, real, fake.detach(), y)
+
+        # G update through the undetached fake, with D frozen: gradients flow through D's layers to
+        # `fake`, but none are computed for D's weights (cheaper, and opt_d's next step is not
+        # polluted). A fresh D forward is required: the logits above were computed with D's old
+        # weights, which opt_d.step() changed in place, so backpropagating through them would raise
+        # "modified by an inplace operation".
+        with frozen(self.D):
+            g_loss = self.loss.g(self.critic(fake, y))
+            opt_g.zero_grad(set_to_none=True)  # None, not zeros: no memset, no stale values
+            self.manual_backward(g_loss)
+        opt_g.step()
+
+        self.counters.g_steps += 1
+        self.counters.images_seen += batch[0].shape[0] * self.trainer.world_size
+        if self.ema is not None:
+            self.ema.update(self.G, int(self.counters.g_steps))
+        self.d_real_mean.update(real_logits)
+        self.d_fake_mean.update(fake_logits)
+        if int(self.counters.g_steps) % self.cfg["log"]["every"] == 0:
+            # .item() here and only here: one device sync per logging step, plain floats to the
+            # loggers, and no tensor that could keep a graph alive.
+            self.log_scalars({
+                "loss/d": d_loss.item(), "loss/g": g_loss.item(),
+                "d/real": real_logits.mean().item(), "d/fake": fake_logits.mean().item(),
+                "d/real_running": self.d_real_mean.value.item(), "d/fake_running": self.d_fake_mean.value.item(),
+                "grad_norm/g": grad_norm(self.G), "grad_norm/d": grad_norm(self.D),
+            })
+
+    def update_d(self, opt_d: Any, real: Tensor, fake: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One discriminator update; ``fake`` arrives detached (or made under no_grad)."""
+        real_logits, fake_logits = self.critic(real, y), self.critic(fake, y)
+        d_loss = self.loss.d(real_logits, fake_logits)
+        if self.gp_weight:
+            d_loss = d_loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake)
+        opt_d.zero_grad(set_to_none=True)
+        self.manual_backward(d_loss)
+        opt_d.step()
+        self.counters.d_steps += 1
+        return d_loss.detach(), real_logits.detach(), fake_logits.detach()
+
+    def critic(self, x: Tensor, y: Tensor) -> Tensor:
+        """D's scores for ``x``; a conditional D sees ``torch.cat((condition, x), dim=1)``."""
+        if self.num_classes:
+            x = torch.cat((condition_input(y, self.num_classes, self.data_shape), x), dim=1)
+        return self.D(x)
+
+    def noise(self, n: int) -> Tensor:
+        return torch.randn(n, self.z_dim, device=self.device)
+
+    # --- sampling --------------------------------------------------------------------------------
+
+    @property
+    def sampling_generator(self) -> nn.Module:
+        """The generator used for samples and metrics: the EMA copy when enabled."""
+        return self.ema.generator if self.ema is not None else self.G
+
+    def generate(self, z: Tensor, labels: Tensor | None = None) -> Tensor:
+        """Samples through the one evaluation context (eval mode, no_grad, state restored)."""
+        generator = self.sampling_generator
+        labels = labels if self.num_classes else None
+
+        def sample() -> Tensor:
+            with evaluating(generator):
+                return generator(z, labels)
+
+        return audit.checked_sampling(generator, sample) if self.audit else sample()
+
+    # --- logging ---------------------------------------------------------------------------------
+
+    def log_scalars(self, values: dict[str, float]) -> None:
+        """Log plain numbers at the current generator step (TensorBoard's x axis is G steps)."""
+        if self.audit:
+            audit.check_plain_numbers(values)
+        for name, value in values.items():
+            self.log(name, value, prog_bar=name.startswith("loss/"))
+        # Lightning's own step counts batches from 0; "step" makes the x axis the G-step counter.
+        self.log("step", float(self.counters.g_steps))
+
+    # --- optimizers and checkpoints --------------------------------------------------------------
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        from hydra.utils import instantiate
+
+        optim = self.cfg["optim"]
+        return [instantiate(optim["g"])(self.G.parameters()), instantiate(optim["d"])(self.D.parameters())]
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Every random stream, so a resumed run draws the same noise as an uninterrupted one.
+        # (The data order needs none: it is a function of the seed and the restored step counter.)
+        checkpoint["rng"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": numpy_state_to_plain(np.random.get_state()),
+            "python": random.getstate(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Applied at the first batch, not now: Lightning draws random numbers while it sets up.
+        self._pending_rng = checkpoint.get("rng")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._pending_rng is not None:
+            state, self._pending_rng = self._pending_rng, None
+            torch.set_rng_state(state["torch"])
+            if state["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda"])
+            np.random.set_state(plain_to_numpy_state(state["numpy"]))
+            random.setstate(state["python"])
+
+
+def grad_norm(module: nn.Module) -> float:
+    """L2 norm of all gradients of ``module`` (0.0 where none exist)."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
+
+
+def numpy_state_to_plain(state: tuple) -> tuple:
+    # weights_only loading accepts tensors and builtins, not numpy arrays.
+    return (state[0], torch.from_numpy(state[1].astype(np.int64)), *state[2:])
+
+
+def plain_to_numpy_state(state: tuple) -> tuple:
+    return (state[0], state[1].numpy().astype(np.uint32), *state[2:])

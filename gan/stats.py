@@ -1,0 +1,87 @@
+"""Modules whose whole state is registered buffers: saved in the checkpoint, moved by ``.to()``,
+never seen by an optimizer (they are not parameters)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+class StepCounters(nn.Module):
+    """Generator updates, discriminator updates and real images seen.
+
+    Buffers rather than Python ints so they travel inside ``state_dict()`` with the weights they
+    describe; Lightning's ``global_step`` counts every optimizer step (G and D alike), so it cannot say
+    how many generator updates a run has made.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("g_steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("d_steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("images_seen", torch.zeros((), dtype=torch.long))
+
+
+class RunningMean(nn.Module):
+    """Exponential running mean of a scalar statistic, e.g. D's mean output on real images."""
+
+    def __init__(self, decay: float = 0.99) -> None:
+        super().__init__()
+        self.decay = decay
+        self.register_buffer("value", torch.zeros(()))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        # Bias-free start: the first update sets the mean instead of pulling it from zero.
+        weight = 1.0 if self.count == 0 else 1.0 - self.decay
+        self.value.lerp_(x.detach().float().mean().to(self.value.dtype), weight)
+        self.count += 1
+
+
+class EMAGenerator(nn.Module):
+    """An exponential moving average of the generator's weights, held as buffers.
+
+    Written by hand rather than with ``torch.optim.swa_utils.AveragedModel``: that class keeps the
+    average as ``nn.Parameter``s (``requires_grad=True``) of a submodule, so they appear in the
+    LightningModule's ``parameters()``, where DDP registers them and reports them as unused every
+    step. Here the copy's parameters are re-registered as buffers: the average is in ``state_dict()``
+    and follows ``.to()``, yet no optimizer, gradient clip or DDP reducer can see it.
+
+    BatchNorm policy: the running mean/var of G's BatchNorm layers are copied, not averaged (as
+    StyleGAN2-ADA does): they describe the activations of the current G, which the averaged weights
+    approximate.
+
+    Decay schedule: during the first ``start`` generator steps the copy tracks G exactly; after that
+    the decay ramps as ``min(decay, (1 + k) / (10 + k))`` over its k updates, so early samples are not
+    dominated by the random initial weights.
+    """
+
+    def __init__(self, generator: nn.Module, decay: float, start: int = 0) -> None:
+        super().__init__()
+        self.decay, self.start = decay, start
+        self.generator = copy.deepcopy(generator)
+        for module in self.generator.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    del module._parameters[name]
+                    module.register_buffer(name, param.detach().clone())
+        self.generator.requires_grad_(False)
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, generator: nn.Module, g_step: int) -> None:
+        """Average ``generator``'s current weights in; ``g_step`` is the number of G updates so far."""
+        averaged = dict(self.generator.named_buffers())
+        if g_step <= self.start:
+            weight = 1.0  # warm-up: copy
+        else:
+            k = float(self.num_updates)
+            weight = 1.0 - min(self.decay, (1.0 + k) / (10.0 + k))
+            self.num_updates += 1
+        for name, param in generator.named_parameters():
+            averaged[name].lerp_(param.detach(), weight)
+        for name, buffer in generator.named_buffers():
+            averaged[name].copy_(buffer)

@@ -1,0 +1,132 @@
+"""Builds the data, module, callbacks and Trainer from a composed config, and fits."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from omegaconf import DictConfig, OmegaConf
+
+from gan.audit import AutogradAudit
+from gan.data import GANDataModule, data_shape, mixture_means, num_classes
+from gan.errors import ConfigError
+from gan.module import GANModule
+from gan.visuals import SampleLogger, real_points_for_plot
+
+
+class GeneratorStepCheckpoint(L.Callback):
+    """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, and ``last.ckpt`` then and at the end.
+
+    Written here rather than with Lightning's ModelCheckpoint, which counts Lightning's global step
+    (every optimizer step, G and D alike) and, once a periodic checkpoint exists, does not write
+    ``last.ckpt`` at the end of training. Files go through ``trainer.save_checkpoint``, which writes
+    to a temporary file and renames it, so a kill mid-write never leaves a truncated checkpoint.
+    """
+
+    def __init__(self, directory: Path, every: int):
+        self.directory, self.every = Path(directory), every
+        self.saved_step = -1
+
+    def save(self, trainer: L.Trainer, step: int, periodic: bool) -> None:
+        if periodic:
+            trainer.save_checkpoint(self.directory / f"step_{step:06d}.ckpt", weights_only=False)
+        trainer.save_checkpoint(self.directory / "last.ckpt", weights_only=False)
+        self.saved_step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        step = int(pl_module.counters.g_steps)
+        if step % self.every == 0:
+            self.save(trainer, step, periodic=True)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        step = int(pl_module.counters.g_steps)
+        if step != self.saved_step:
+            self.save(trainer, step, periodic=False)
+
+
+class GeneratorStepProgressBar(TQDMProgressBar):
+    """Counts generator steps out of ``trainer.max_steps`` (the data stream is endless, so
+    Lightning alone would show no total)."""
+
+    def __init__(self, g_steps: int):
+        super().__init__()
+        self.g_steps = g_steps
+
+    @property
+    def total_train_batches(self) -> int:
+        return self.g_steps
+
+
+def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
+    """Refuse to write a new run over an existing one's checkpoints."""
+    existing = run_dir / "checkpoints"
+    if existing.is_dir() and any(existing.iterdir()):
+        resuming_here = ckpt_path is not None and Path(ckpt_path).resolve().parent == existing.resolve()
+        if not resuming_here:
+            raise ConfigError(f"{run_dir} already holds a run's checkpoints: choose a new hydra.run.dir, "
+                              f"or resume it with ckpt_path={existing / 'last.ckpt'}")
+
+
+def validate(cfg: DictConfig) -> None:
+    if cfg.trainer.max_steps < 1:
+        raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps}: it must be a positive number of "
+                          "generator steps")
+    if cfg.train.d_steps < 1 or cfg.train.batch_size < 1:
+        raise ConfigError("train.d_steps and train.batch_size must be >= 1")
+    for key in ("every", "sample_every"):
+        if cfg.log[key] < 1:
+            raise ConfigError(f"log.{key}={cfg.log[key]}: it must be >= 1")
+    if cfg.checkpoint.every < 1:
+        raise ConfigError(f"checkpoint.every={cfg.checkpoint.every}: it must be >= 1")
+    if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
+                          "<run>/checkpoints/last.ckpt")
+
+
+def train(cfg: DictConfig) -> GANModule:
+    """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module."""
+    validate(cfg)
+    run_dir = Path(cfg.paths.run_dir)
+    check_run_dir(run_dir, cfg.ckpt_path)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    datamodule = GANDataModule(container["data"], cfg.train.batch_size, cfg.train.d_steps, cfg.seed)
+    classes = num_classes(datamodule.dataset) if cfg.model.get("conditional", False) else 0
+    module = GANModule(container, data_shape(container["data"]), classes)
+
+    two_d = cfg.data.name in ("ring", "grid")
+    callbacks: list[L.Callback] = [
+        GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every),
+        SampleLogger(cfg.log.sample_every, run_dir / "samples",
+                     real_points_for_plot(datamodule.dataset) if two_d else None,
+                     mixture_means(cfg.data.name) if two_d else None),
+    ]
+    if cfg.trainer.enable_progress_bar:
+        callbacks.append(GeneratorStepProgressBar(cfg.trainer.max_steps))
+    if cfg.audit:
+        callbacks.append(AutogradAudit())
+
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    g_steps = trainer_args.pop("max_steps")
+    trainer = L.Trainer(
+        # Lightning counts every optimizer step; each generator step makes d_steps + 1 of them.
+        max_steps=g_steps * (cfg.train.d_steps + 1),
+        logger=TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False),
+        callbacks=callbacks,
+        default_root_dir=str(run_dir),
+        enable_checkpointing=False,  # GeneratorStepCheckpoint does it
+        log_every_n_steps=1,  # the module decides when to log (log.every generator steps)
+        use_distributed_sampler=False,  # StepBatchSampler shards the data per rank itself
+        num_sanity_val_steps=0,
+        **trainer_args,
+    )
+    with warnings.catch_warnings():
+        # The endless, step-indexed sampler resumes its own position; Lightning cannot know that.
+        warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch.*")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
+    return module

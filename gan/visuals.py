@@ -1,0 +1,127 @@
+"""What a person looks at: sample grids, 2D scatter plots, and the TensorBoard dashboard layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import matplotlib
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision.utils import make_grid, save_image
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Opens TensorBoard's "Custom Scalars" tab arranged: related curves share a chart.
+DASHBOARD_LAYOUT = {
+    "GAN": {
+        "losses": ["Multiline", ["loss/d", "loss/g"]],
+        "D output on real and fake": ["Multiline", ["d/real", "d/fake", "d/real_running", "d/fake_running"]],
+        "gradient norms": ["Multiline", ["grad_norm/g", "grad_norm/d"]],
+    },
+}
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a/b': 1}; values TensorBoard's hparams cannot hold become strings."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
+def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
+    """The HPARAMS tab: every config value, with the final losses as its metric columns.
+
+    Written directly rather than through Lightning's ``log_hyperparams(params, metrics)``, which would
+    log a placeholder value for each metric at step 0.
+    """
+    from torch.utils.tensorboard.summary import hparams
+
+    config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths")}
+    for summary in hparams(flatten(config), {"loss/d": float("nan"), "loss/g": float("nan")}):
+        writer.file_writer.add_summary(summary)
+
+
+def image_grid(images: Tensor, nrow: int | None = None, min_width: int = 256) -> Tensor:
+    """[-1, 1] images -> one (C, H, W) grid in [0, 1], upscaled (nearest) to at least ``min_width``."""
+    nrow = nrow or int(np.ceil(np.sqrt(len(images))))
+    grid = make_grid(images.float().cpu().clamp(-1, 1), nrow=nrow, normalize=True, value_range=(-1, 1),
+                     pad_value=1.0)
+    scale = max(1, int(np.ceil(min_width / grid.shape[-1])))
+    return grid.repeat_interleave(scale, -1).repeat_interleave(scale, -2)
+
+
+def scatter_figure(samples: Tensor, real: Tensor, means: Tensor | None = None,
+                   title: str = "") -> matplotlib.figure.Figure:
+    """Generated points over the real data (and the mixture means, when known)."""
+    fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
+    ax.scatter(*real.cpu().T.numpy(), s=2, c="0.75", label="real")
+    ax.scatter(*samples.cpu().T.numpy(), s=3, c="tab:red", alpha=0.6, label="generated")
+    if means is not None:
+        ax.scatter(*means.cpu().T.numpy(), s=40, marker="x", c="black", label="modes")
+    lim = float(real.abs().max()) * 1.25 + 0.5
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal", title=title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig: matplotlib.figure.Figure, path: Path) -> None:
+    fig.savefig(path)
+    plt.close(fig)
+
+
+class SampleLogger(L.Callback):
+    """Every ``every`` G steps and at the end: samples of the fixed noise to ``samples/`` and TensorBoard."""
+
+    def __init__(self, every: int, directory: Path, real_points: Tensor | None = None,
+                 means: Tensor | None = None):
+        self.every, self.directory = every, Path(directory)
+        self.real_points, self.means = real_points, means
+        self.last_step = -1
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if trainer.is_global_zero and trainer.logger is not None:
+            writer = trainer.logger.experiment
+            writer.add_custom_scalars(DASHBOARD_LAYOUT)
+            write_hparams(writer, pl_module.cfg)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        if int(pl_module.counters.g_steps) % self.every == 0:
+            self.log_samples(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if int(pl_module.counters.g_steps) != self.last_step:
+            self.log_samples(trainer, pl_module)
+
+    def log_samples(self, trainer: L.Trainer, pl_module: Any) -> None:
+        step = int(pl_module.counters.g_steps)
+        self.last_step = step
+        samples = pl_module.generate(pl_module.sample_noise, pl_module.sample_labels)
+        if not trainer.is_global_zero:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        writer = trainer.logger.experiment if trainer.logger is not None else None
+        if samples.dim() == 2:  # 2D data: a scatter plot over the real points
+            fig = scatter_figure(samples, self.real_points, self.means, title=f"generator step {step}")
+            if writer is not None:
+                writer.add_figure("samples/scatter", fig, step, close=False)
+            save_figure(fig, self.directory / f"step_{step:06d}.png")
+        else:
+            nrow = pl_module.num_classes or None  # conditional: one row per class
+            grid = image_grid(samples, nrow=nrow)
+            if writer is not None:
+                writer.add_image("samples/grid", grid, step)
+            save_image(grid, self.directory / f"step_{step:06d}.png")
+
+
+def real_points_for_plot(dataset: Any, n: int = 2000) -> Tensor:
+    points = dataset.tensors[0]
+    return points[torch.randperm(len(points), generator=torch.Generator().manual_seed(0))[:n]]

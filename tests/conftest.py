@@ -1,0 +1,64 @@
+"""Shared fixtures: real Hydra composition and a few short real training runs shared by many tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+MNIST_T10K = ROOT.parent / "shared" / "data" / "mnist_t10k"
+
+# Every test run is tiny and CPU-only.
+TINY = ["debug=tiny", "trainer.enable_progress_bar=false"]
+
+
+def compose_config(*overrides: str, run_dir: Path | None = None) -> DictConfig:
+    """configs/train.yaml composed by Hydra, as train.py would see it."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    with open_dict(cfg):
+        cfg.paths.run_dir = str(run_dir or "unused")
+    return cfg
+
+
+def run_train(run_dir: Path, *overrides: str) -> int:
+    """Run train.py's real Hydra main in-process; returns its exit code."""
+    import train
+
+    argv = sys.argv
+    sys.argv = ["train.py", *TINY, f"hydra.run.dir={run_dir}", *overrides]
+    try:
+        train.main()
+        return 0
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = argv
+
+
+def read_events(log_dir: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory) -> Path:
+    """One 6-step digits run (DCGAN, EMA, audit on), checkpoints at steps 3 and 6."""
+    run_dir = tmp_path_factory.mktemp("runs") / "digits"
+    assert run_train(run_dir) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def ring_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("runs") / "ring"
+    assert run_train(run_dir, "data=ring", "model=mlp", "loss=hinge") == 0
+    return run_dir

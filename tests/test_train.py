@@ -1,0 +1,118 @@
+"""train.py end to end: real Hydra, a real Lightning Trainer, real files and TensorBoard events."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+from conftest import ROOT, read_events, run_train
+
+EXPECTED_SCALARS = {"loss/d", "loss/g", "d/real", "d/fake", "grad_norm/g", "grad_norm/d"}
+
+
+def test_run_directory_layout(digits_run):
+    assert (digits_run / ".hydra" / "config.yaml").is_file()
+    assert list((digits_run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (digits_run / "checkpoints" / "last.ckpt").is_file()
+    assert {p.name for p in (digits_run / "checkpoints").glob("step_*.ckpt")} == {
+        "step_000003.ckpt", "step_000006.ckpt"}
+    grids = sorted(p.name for p in (digits_run / "samples").glob("*.png"))
+    assert grids == ["step_000003.png", "step_000006.png"]
+
+
+def test_tensorboard_scalars_are_logged_at_generator_steps(digits_run):
+    events = read_events(digits_run / "tensorboard")
+    assert EXPECTED_SCALARS <= set(events.Tags()["scalars"])
+    # debug=tiny logs every generator step: 6 G steps (each with one D step) -> steps 1..6, not 1..12.
+    assert [e.step for e in events.Scalars("loss/g")] == [1, 2, 3, 4, 5, 6]
+    assert all(torch.isfinite(torch.tensor(e.value)) for e in events.Scalars("loss/d"))
+
+
+def test_tensorboard_images_layout_and_hparams(digits_run):
+    events = read_events(digits_run / "tensorboard")
+    assert [e.step for e in events.Images("samples/grid")] == [3, 6]
+    tensor_tags = set(events.Tags()["tensors"])
+    assert "custom_scalars__config__" in tensor_tags
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    assert charts["losses"] == ["loss/d", "loss/g"]
+    assert charts["D output on real and fake"][:2] == ["d/real", "d/fake"]
+    assert (digits_run / "tensorboard" / "hparams.yaml").is_file()
+    hparams = events.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in hparams
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
+    assert start.session_start_info.hparams["loss/name"].string_value == "nonsaturating"
+    assert start.session_start_info.hparams["train/batch_size"].number_value == 16
+
+
+def test_checkpoint_loads_weights_only_with_counters_and_buffers(digits_run):
+    ckpt = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)
+    state = ckpt["state_dict"]
+    assert int(state["counters.g_steps"]) == 6
+    assert int(state["counters.d_steps"]) == 6
+    assert int(state["counters.images_seen"]) == 6 * 16
+    assert state["sample_noise"].shape == (16, 64)
+    assert any(k.startswith("ema.generator.") for k in state)
+    assert len(ckpt["optimizer_states"]) == 2
+    assert set(ckpt["rng"]) == {"torch", "cuda", "numpy", "python"}
+    assert ckpt["hyper_parameters"]["cfg"]["data"]["name"] == "digits"
+    # Lightning's global_step counts both optimizers: 6 G + 6 D steps.
+    assert ckpt["global_step"] == 12
+
+
+def test_resume_continues_from_saved_step(digits_run, tmp_path):
+    resumed = tmp_path / "resumed"
+    code = run_train(resumed, f"ckpt_path={digits_run / 'checkpoints' / 'step_000003.ckpt'}",
+                     "trainer.max_steps=8")
+    assert code == 0
+    ckpt = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(ckpt["state_dict"]["counters.g_steps"]) == 8
+    assert int(ckpt["state_dict"]["counters.d_steps"]) == 8
+    steps = [e.step for e in read_events(resumed / "tensorboard").Scalars("loss/g")]
+    assert steps == [4, 5, 6, 7, 8]
+    # The fixed sample noise is restored from the checkpoint, not redrawn.
+    original = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert torch.equal(ckpt["state_dict"]["sample_noise"], original["state_dict"]["sample_noise"])
+
+
+def test_ring_run_writes_scatter_plots(ring_run):
+    events = read_events(ring_run / "tensorboard")
+    assert [e.step for e in events.Images("samples/scatter")] == [3, 6]
+    assert (ring_run / "samples" / "step_000006.png").stat().st_size > 1000
+    ckpt = torch.load(ring_run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["state_dict"]["sample_noise"].shape == (2500, 64)
+    assert ckpt["hyper_parameters"]["cfg"]["loss"]["name"] == "hinge"
+
+
+def test_wgan_gp_makes_five_d_steps_per_g_step(tmp_path):
+    run_dir = tmp_path / "wgan"
+    assert run_train(run_dir, "loss=wgan_gp", "model.d_batchnorm=false", "trainer.max_steps=2") == 0
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(ckpt["state_dict"]["counters.g_steps"]) == 2
+    assert int(ckpt["state_dict"]["counters.d_steps"]) == 10
+    assert [e.step for e in read_events(run_dir / "tensorboard").Scalars("loss/d")] == [1, 2]
+
+
+def test_bad_input_exits_with_one_line_and_no_damage(digits_run, tmp_path):
+    before = (digits_run / "checkpoints" / "last.ckpt").read_bytes()
+    # Reusing a finished run's directory without resuming it is refused.
+    assert run_train(digits_run) == 2
+    assert (digits_run / "checkpoints" / "last.ckpt").read_bytes() == before
+    assert run_train(tmp_path / "x", "ckpt_path=/nonexistent.ckpt") == 2
+    assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+def test_cli_prints_composed_config_and_one_line_errors(tmp_path):
+    out = subprocess.run([sys.executable, "train.py", "--cfg", "job", "data=ring", "model=mlp"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "name: ring" in out.stdout and "d_steps: 1" in out.stdout
+    out = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}/r", "trainer.max_steps=0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("error: trainer.max_steps=0")
