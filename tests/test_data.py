@@ -1,0 +1,243 @@
+"""Datasets on real files in torchvision's on-disk formats, written by the tests (no download)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import math
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import MNIST_T10K
+from PIL import Image
+
+from gan.data import (
+    ImageFolderDataset,
+    StepBatchSampler,
+    build_dataset,
+    data_shape,
+    mixture_dataset,
+    mixture_means,
+    num_classes,
+)
+from gan.errors import ConfigError
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool = True) -> None:
+    """An IDX file as MNIST ships it: magic (0x0000, type 0x08 = uint8, ndim), sizes, data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    payload = header + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(payload)
+    else:
+        path.write_bytes(payload)
+
+
+def make_mnist_split(raw: Path, prefix: str, n: int, gz: bool = True, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    labels = np.arange(n, dtype=np.uint8) % 10
+    suffix = ".gz" if gz else ""
+    write_idx(raw / f"{prefix}-images-idx3-ubyte{suffix}", images, gz)
+    write_idx(raw / f"{prefix}-labels-idx1-ubyte{suffix}", labels, gz)
+    return images, labels
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """Serve a folder over HTTP on 127.0.0.1: the stand-in for the dataset hosts (no internet here)."""
+    import functools
+    import http.server
+    import threading
+
+    servers = []
+
+    def start(directory: Path) -> str:
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+        handler.log_message = lambda *args: None
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def mnist_cfg(root: Path, split: str = "test", name: str = "mnist", download: bool = False) -> dict:
+    return {"name": name, "root": str(root), "split": split, "download": download, "image_size": 28,
+            "channels": 1}
+
+
+def test_ring_and_grid_means_follow_the_protocol():
+    ring = mixture_means("ring")
+    assert ring.shape == (8, 2)
+    assert torch.allclose(ring.norm(dim=1), torch.ones(8))
+    assert torch.cdist(ring, ring).add(torch.eye(8)).min() > 0.7  # 8 distinct centres, 45 degrees apart
+    assert torch.allclose(ring[2], torch.tensor([0.0, 1.0]), atol=1e-6)
+    grid = mixture_means("grid")
+    assert grid.shape == (25, 2)
+    assert set(grid[:, 0].tolist()) == {-4.0, -2.0, 0.0, 2.0, 4.0}
+
+
+@pytest.mark.parametrize("name,std", [("ring", 0.01), ("grid", 0.05)])
+def test_mixture_samples_sit_on_their_modes(name, std):
+    ds = mixture_dataset(name, 20000, std, seed=0)
+    points, labels = ds.tensors
+    offsets = points - mixture_means(name)[labels]
+    assert offsets.std().item() == pytest.approx(std, rel=0.05)
+    counts = torch.bincount(labels).float()
+    assert counts.min() / counts.max() > 0.85  # modes equally likely
+    assert data_shape({"name": name}) == (2,)
+
+
+def test_digits_are_scaled_to_model_range():
+    ds = build_dataset({"name": "digits", "image_size": 16, "channels": 1}, seed=0)
+    images, labels = ds.tensors
+    assert images.shape == (1797, 1, 16, 16)
+    assert images.min() == -1.0 and images.max() == 1.0
+    assert num_classes(ds) == 10
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_mnist_split_loads_from_its_own_two_files(tmp_path, gz):
+    images, labels = make_mnist_split(tmp_path / "MNIST" / "raw", "t10k", 12, gz=gz)
+    ds = build_dataset(mnist_cfg(tmp_path), seed=0)
+    x, y = ds.tensors
+    assert x.shape == (12, 1, 28, 28)
+    assert torch.equal(y, torch.from_numpy(labels.astype(np.int64)))
+    assert torch.allclose(x[3, 0], torch.from_numpy(images[3]).float() / 127.5 - 1)
+    # The train split's files are absent: a clear error naming what to set.
+    with pytest.raises(ConfigError, match="data.download=true"):
+        build_dataset(mnist_cfg(tmp_path, split="train"), seed=0)
+
+
+def test_fashion_mnist_reads_its_own_folder_and_resizes(tmp_path):
+    make_mnist_split(tmp_path / "FashionMNIST" / "raw", "train", 5)
+    cfg = mnist_cfg(tmp_path, split="train", name="fashion_mnist") | {"image_size": 32}
+    x, _ = build_dataset(cfg, seed=0).tensors
+    assert x.shape == (5, 1, 32, 32) and x.min() >= -1 and x.max() <= 1
+
+
+def test_mnist_download_path_is_torchvision_s(tmp_path, monkeypatch, serve):
+    """data.download=true runs torchvision's real download code against a local HTTP mirror of
+    files the test makes (the only stand-in: these machines have no internet)."""
+    from torchvision import datasets
+
+    mirror = tmp_path / "mirror"
+    make_mnist_split(mirror, "t10k", 7)
+    files = ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+    resources = [(f, hashlib.md5((mirror / f).read_bytes()).hexdigest()) for f in files]
+    monkeypatch.setattr(datasets.MNIST, "mirrors", [serve(mirror)])
+    monkeypatch.setattr(datasets.MNIST, "resources", resources)
+    root = tmp_path / "root"
+    x, y = build_dataset(mnist_cfg(root, download=True), seed=0).tensors
+    assert x.shape == (7, 1, 28, 28)
+    assert (root / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").is_file()
+
+
+@pytest.mark.skipif(not MNIST_T10K.is_dir(), reason="../shared/data/mnist_t10k is absent")
+def test_real_mnist_test_split_from_shared_data():
+    x, y = build_dataset(mnist_cfg(MNIST_T10K) | {"image_size": 32}, seed=0).tensors
+    assert x.shape == (10000, 1, 32, 32)
+    assert torch.bincount(y).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+def write_cifar_batch(path: Path, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    batch = {"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+             "labels": (np.arange(n) % 10).tolist()}
+    path.write_bytes(pickle.dumps(batch))
+
+
+def test_cifar10_through_torchvision_download_and_integrity_checks(tmp_path, monkeypatch, serve):
+    """A CIFAR-10 archive in torchvision's format, downloaded by torchvision from a local HTTP
+    server (no internet here); torchvision's own md5 checks run against the test's files."""
+    from torchvision import datasets
+
+    src = tmp_path / "src" / "cifar-10-batches-py"
+    src.mkdir(parents=True)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for i, name in enumerate(names):
+        write_cifar_batch(src / name, 4, seed=i)
+    (src / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src, arcname="cifar-10-batches-py")
+
+    def md5(p: Path) -> str:
+        return hashlib.md5(p.read_bytes()).hexdigest()
+
+    monkeypatch.setattr(datasets.CIFAR10, "url", serve(tmp_path) + archive.name)
+    monkeypatch.setattr(datasets.CIFAR10, "tgz_md5", md5(archive))
+    monkeypatch.setattr(datasets.CIFAR10, "train_list", [[n, md5(src / n)] for n in names[:5]])
+    monkeypatch.setattr(datasets.CIFAR10, "test_list", [["test_batch", md5(src / "test_batch")]])
+    monkeypatch.setattr(datasets.CIFAR10, "meta", {"filename": "batches.meta", "key": "label_names",
+                                                   "md5": md5(src / "batches.meta")})
+    cfg = {"name": "cifar10", "root": str(tmp_path / "root"), "split": "train", "download": True,
+           "image_size": 32, "channels": 3}
+    x, y = build_dataset(cfg, seed=0).tensors
+    assert x.shape == (20, 3, 32, 32) and y.tolist()[:3] == [0, 1, 2]
+    x_test, _ = build_dataset(cfg | {"split": "test", "download": False}, seed=0).tensors
+    assert x_test.shape == (4, 3, 32, 32)
+    with pytest.raises(ConfigError, match="data.download=true"):
+        build_dataset(cfg | {"root": str(tmp_path / "empty"), "download": False}, seed=0)
+
+
+def write_png(path: Path, size: tuple[int, int], color) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path)
+
+
+def test_folder_flat_and_per_class(tmp_path):
+    write_png(tmp_path / "flat" / "a.png", (40, 30), (255, 0, 0))
+    write_png(tmp_path / "flat" / "b.jpg", (30, 40), (0, 0, 255))
+    (tmp_path / "flat" / "notes.txt").write_text("not an image")
+    flat = ImageFolderDataset(str(tmp_path / "flat"), image_size=8, channels=3)
+    x, label = flat[0]
+    assert len(flat) == 2 and x.shape == (3, 8, 8) and label == -1
+    assert x[0].mean() > 0.9 and x[2].mean() < -0.9  # red stays red
+    write_png(tmp_path / "classes" / "cat" / "1.png", (16, 16), (255, 255, 255))
+    write_png(tmp_path / "classes" / "dog" / "1.png", (16, 16), (0, 0, 0))
+    write_png(tmp_path / "classes" / "dog" / "2.png", (16, 16), (0, 0, 0))
+    per_class = ImageFolderDataset(str(tmp_path / "classes"), image_size=16, channels=1)
+    assert [per_class[i][1] for i in range(3)] == [0, 1, 1]
+    assert per_class[0][0].shape == (1, 16, 16) and num_classes(per_class) == 2
+
+
+def test_folder_errors_are_one_clear_line(tmp_path):
+    with pytest.raises(ConfigError, match="not a directory"):
+        ImageFolderDataset(str(tmp_path / "missing"), 8, 3)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no images"):
+        ImageFolderDataset(str(tmp_path / "empty"), 8, 3)
+
+
+def test_step_sampler_is_a_function_of_seed_and_step():
+    uninterrupted = StepBatchSampler(50, 8, seed=3)
+    resumed = StepBatchSampler(50, 8, seed=3, start_step=5)
+    first = [b for _, b in zip(range(10), uninterrupted)]
+    assert [b for _, b in zip(range(5), resumed)] == first[5:]
+    # Epochs are permutations: the first 50 indices drawn cover the dataset exactly once.
+    flat = [i for b in first for i in b]
+    assert sorted(flat[:48]) == sorted(set(flat[:48])) and len(set(flat[:50])) == 50
+    assert [b for _, b in zip(range(3), StepBatchSampler(50, 8, seed=4))] != first[:3]
+
+
+def test_step_sampler_gives_each_rank_its_own_share():
+    ranks = [StepBatchSampler(100, 10, seed=0, rank=r, world_size=2) for r in range(2)]
+    for step in range(4):
+        a, b = (s.indices_for_step(step) for s in ranks)
+        assert not set(a) & set(b)
+    # Together the ranks see what one process with the global batch would.
+    single = StepBatchSampler(100, 20, seed=0)
+    assert ranks[0].indices_for_step(1) + ranks[1].indices_for_step(1) == single.indices_for_step(1)
+    assert math.isclose(len(single.indices_for_step(7)), 20)

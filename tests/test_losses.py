@@ -1,0 +1,77 @@
+"""Each loss against values computed by hand, and the sign of its gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gan.errors import ConfigError
+from gan.losses import LOSSES, get_loss, gradient_penalty
+
+REAL = torch.tensor([2.0, -1.0])
+FAKE = torch.tensor([0.5, -3.0])
+
+
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+# Expected (d_loss, g_loss) for REAL and FAKE, written out from each loss's formula.
+HAND = {
+    "nonsaturating": ((softplus(-2) + softplus(1)) / 2 + (softplus(0.5) + softplus(-3)) / 2,
+                      (softplus(-0.5) + softplus(3)) / 2),
+    "minimax": ((softplus(-2) + softplus(1)) / 2 + (softplus(0.5) + softplus(-3)) / 2,
+                -(softplus(0.5) + softplus(-3)) / 2),
+    # relu(1 - real): [0, 2] -> 1; relu(1 + fake): [1.5, 0] -> 0.75
+    "hinge": (1.0 + 0.75, -(0.5 - 3.0) / 2),
+    # 0.5 * mean((real - 1)^2) = 0.5 * (1 + 4) / 2; 0.5 * mean(fake^2) = 0.5 * (0.25 + 9) / 2
+    "lsgan": (1.25 + 2.3125, 0.5 * ((0.5 - 1) ** 2 + (-3 - 1) ** 2) / 2),
+    "wgan_gp": ((0.5 - 3.0) / 2 - (2.0 - 1.0) / 2, -(0.5 - 3.0) / 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_loss_values_match_hand_computation(name):
+    loss = get_loss(name)
+    d_expected, g_expected = HAND[name]
+    assert loss.d(REAL, FAKE).item() == pytest.approx(d_expected, rel=1e-6)
+    assert loss.g(FAKE).item() == pytest.approx(g_expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_gradient_signs(name):
+    """Descending the D loss raises D's score on real and lowers it on fake; descending the G loss
+    raises D's score on fake. (Inputs are chosen inside every loss's active region.)"""
+    real = torch.tensor([0.2, -0.3], requires_grad=True)
+    fake = torch.tensor([0.1, 0.4], requires_grad=True)
+    loss = get_loss(name)
+    d_real, d_fake = torch.autograd.grad(loss.d(real, fake), (real, fake))
+    assert (d_real < 0).all() and (d_fake > 0).all()
+    (g_fake,) = torch.autograd.grad(loss.g(fake), fake)
+    assert (g_fake < 0).all()
+
+
+def test_minimax_saturates_where_nonsaturating_does_not():
+    """When D confidently rejects fakes (large negative logits) the minimax G gradient vanishes."""
+    fake = torch.tensor([-10.0], requires_grad=True)
+    (minimax,) = torch.autograd.grad(get_loss("minimax").g(fake), fake)
+    (nonsat,) = torch.autograd.grad(get_loss("nonsaturating").g(fake), fake)
+    assert abs(minimax.item()) < 1e-4 < abs(nonsat.item())
+
+
+def test_gradient_penalty_of_a_linear_critic():
+    """critic(x) = w.x has gradient w everywhere: the penalty is exactly (|w| - 1)^2, and it is
+    differentiable with respect to w (create_graph=True)."""
+    w = torch.tensor([3.0, 4.0], requires_grad=True)
+    penalty = gradient_penalty(lambda x: x @ w, torch.randn(8, 2), torch.randn(8, 2))
+    assert penalty.item() == pytest.approx((5.0 - 1.0) ** 2)
+    (dw,) = torch.autograd.grad(penalty, w)
+    # d/dw (|w| - 1)^2 = 2 (|w| - 1) w / |w|
+    assert torch.allclose(dw, 2 * 4.0 * w.detach() / 5.0)
+
+
+def test_unknown_loss_is_a_config_error():
+    with pytest.raises(ConfigError, match="loss=nonsaturating"):
+        get_loss("nope")

@@ -1,0 +1,58 @@
+"""Generators and discriminators: shapes for every supported size, conditioning, spectral norm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gan.errors import ConfigError
+from gan.models import build_models, condition_input
+
+DCGAN = {"name": "dcgan", "width": 8, "d_batchnorm": True, "spectral_norm": False}
+MLP = {"name": "mlp", "hidden": 16, "layers": 2, "spectral_norm": False}
+
+
+@pytest.mark.parametrize("size", [8, 12, 16, 28, 32, 64])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_dcgan_handles_sizes_8_to_64_and_1_or_3_channels(size, channels):
+    g, d = build_models(DCGAN, z_dim=10, shape=(channels, size, size))
+    x = g(torch.randn(4, 10))
+    assert x.shape == (4, channels, size, size)
+    assert x.min() >= -1 and x.max() <= 1  # tanh output, the data's range
+    assert d(x).shape == (4,)
+
+
+def test_mlp_for_points_and_images():
+    g, d = build_models(MLP, z_dim=5, shape=(2,))
+    points = g(torch.randn(7, 5))
+    assert points.shape == (7, 2) and d(points).shape == (7,)
+    g, d = build_models(MLP, z_dim=5, shape=(1, 8, 8))
+    images = g(torch.randn(3, 5))
+    assert images.shape == (3, 1, 8, 8) and d(images).shape == (3,)
+
+
+@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (MLP, (2,))])
+def test_conditional_models_take_labels_and_condition_maps(model, shape):
+    g, d = build_models(model, z_dim=6, shape=shape, num_classes=10)
+    labels = torch.tensor([0, 3, 9])
+    fake = g(torch.randn(3, 6), labels)
+    condition = condition_input(labels, 10, shape)
+    assert condition.shape == (3, 10, *shape[1:])
+    assert condition[1, 3].min() == 1 and condition[1].sum() == condition[1, 3].sum()
+    assert d(torch.cat((condition, fake), dim=1)).shape == (3,)
+
+
+def test_spectral_norm_keeps_its_power_iteration_vector_in_buffers():
+    _, d = build_models(DCGAN | {"spectral_norm": True}, z_dim=4, shape=(1, 16, 16))
+    buffers = dict(d.named_buffers())
+    assert any(name.endswith("_u") for name in buffers)
+    assert all(not name.endswith("_u") for name, _ in d.named_parameters())
+
+
+def test_unsupported_combinations_are_config_errors():
+    with pytest.raises(ConfigError, match="model=mlp"):
+        build_models(DCGAN, z_dim=4, shape=(2,))
+    with pytest.raises(ConfigError, match="image_size"):
+        build_models(DCGAN, z_dim=4, shape=(1, 2, 2))
+    with pytest.raises(ConfigError, match="unknown model"):
+        build_models({"name": "resnet"}, z_dim=4, shape=(2,))

@@ -1,0 +1,98 @@
+"""The training step's autograd split, observed on real steps of a real Lightning Trainer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from conftest import compose_config
+
+from gan.data import GANDataModule, data_shape
+from gan.evaluation import evaluating, frozen
+from gan.module import GANModule
+
+
+def clone(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+    return {k: None if v is None else v.detach().clone() for k, v in tensors.items()}
+
+
+class Probe(L.Callback):
+    """Records G's and D's gradients and D's weights right before each optimizer step."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        is_d = optimizer.param_groups[0]["params"][0] is next(pl_module.D.parameters())
+        self.events.append({
+            "opt": "d" if is_d else "g",
+            "g_grads": clone({n: p.grad for n, p in pl_module.G.named_parameters()}),
+            "d_grads": clone({n: p.grad for n, p in pl_module.D.named_parameters()}),
+            "d_weights": clone(dict(pl_module.D.named_parameters())),
+        })
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        self.events.append({"opt": "end", "d_weights": clone(dict(pl_module.D.named_parameters()))})
+
+
+def fit(module: GANModule, cfg, steps: int, callbacks: list[L.Callback]) -> None:
+    datamodule = GANDataModule(dict(cfg.data), cfg.train.batch_size, cfg.train.d_steps, cfg.seed)
+    trainer = L.Trainer(max_steps=steps * (cfg.train.d_steps + 1), accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=callbacks)
+    trainer.fit(module, datamodule=datamodule)
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        (x is None and b[k] is None) or (x is not None and b[k] is not None and torch.equal(x, b[k]))
+        for k, x in a.items())
+
+
+def test_d_update_spares_g_and_g_update_spares_d(tmp_path):
+    from omegaconf import OmegaConf
+
+    cfg = compose_config("debug=tiny", "audit=false", run_dir=tmp_path)
+    module = GANModule(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)))
+    user_frozen = module.D.net[0].weight
+    user_frozen.requires_grad_(False)  # a layer frozen on purpose must stay frozen
+    probe = Probe()
+    fit(module, cfg, steps=2, callbacks=[probe])
+
+    d1, g1, end1, d2, g2, end2 = probe.events
+    assert [e["opt"] for e in probe.events] == ["d", "g", "end"] * 2
+    # The D update leaves G's gradients untouched: None stays None on the first step ...
+    assert all(v is None for v in d1["g_grads"].values())
+    # ... and the previous G update's gradients are unchanged on the second.
+    assert same(d2["g_grads"], g1["g_grads"])
+    # D learns: every trainable D parameter has a gradient; the frozen one has none.
+    assert all((v is None) == (n == "net.0.weight") for n, v in d1["d_grads"].items())
+    # The G update gives D no gradient (D's grads are still those of its own update), G learns ...
+    for d_event, g_event in ((d1, g1), (d2, g2)):
+        assert same(g_event["d_grads"], d_event["d_grads"])
+        assert all(v is not None for v in g_event["g_grads"].values())
+    # ... and D's weights do not move during it.
+    assert same(end1["d_weights"], g1["d_weights"]) and same(end2["d_weights"], g2["d_weights"])
+    # frozen() restored every flag as it was, the user's frozen layer included.
+    assert user_frozen.requires_grad is False
+    assert all(p.requires_grad for n, p in module.D.named_parameters() if n != "net.0.weight")
+
+
+def test_frozen_restores_each_flag():
+    layer = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    layer[0].bias.requires_grad_(False)
+    with frozen(layer):
+        assert not any(p.requires_grad for p in layer.parameters())
+        out = layer(torch.ones(1, 2, requires_grad=True))
+        assert out.requires_grad  # gradients still flow *through* a frozen module
+    assert [p.requires_grad for p in layer.parameters()] == [True, False, True, True]
+
+
+def test_evaluating_restores_mixed_modes():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    net.train()
+    net[1].eval()  # e.g. a BatchNorm the user keeps in eval mode
+    with evaluating(net):
+        assert not net.training and not net[0].training
+    assert net.training and net[0].training and not net[1].training
