@@ -16,8 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from gan import audit
+from gan.augment import build_augment
+from gan.errors import ConfigError
 from gan.evaluation import evaluating, frozen
-from gan.losses import get_loss, gradient_penalty
+from gan.losses import get_loss, gradient_penalty, lecam_penalty, r1_penalty
 from gan.models import build_models, condition_input
 from gan.stats import EMAGenerator, RunningMean, StepCounters
 
@@ -34,18 +36,28 @@ class GANModule(L.LightningModule):
         self.audit = bool(cfg.get("audit", False))
         self.loss = get_loss(cfg["loss"]["name"])
         self.gp_weight = float(cfg["loss"].get("gp_weight", 0.0))
+        self.reg = cfg["reg"]
+        if self.reg["name"] not in ("none", "r1", "lecam"):
+            raise ConfigError(f"unknown regularizer '{self.reg['name']}': use reg=none|r1|lecam")
 
         self.G, self.D = build_models(cfg["model"], self.z_dim, self.data_shape, num_classes)
+        self.augment = build_augment(cfg["augment"], self.data_shape)
         ema = cfg["ema"]
         self.ema = EMAGenerator(self.G, ema["decay"], ema["start"]) if ema["enabled"] else None
         self.counters = StepCounters()
+        # Running means of D's outputs: logged, and the anchors of the LeCam regularizer.
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
-        # Fixed noise for sample grids: a persistent buffer, so grids stay comparable across resume.
-        n = cfg["log"]["num_points"] if len(self.data_shape) == 1 else cfg["log"]["num_samples"]
+        # Fixed noise (and labels) for sample grids: persistent buffers, so grids stay comparable
+        # across resume. Conditional grids get one row per class.
+        if len(self.data_shape) == 1:
+            n = cfg["log"]["num_points"]
+        elif num_classes:
+            n = num_classes * cfg["log"]["samples_per_class"]
+        else:
+            n = cfg["log"]["num_samples"]
         generator = torch.Generator().manual_seed(cfg["seed"])
         self.register_buffer("sample_noise", torch.randn(n, self.z_dim, generator=generator))
-        # Labels for conditional grids: one row per class.
-        self.register_buffer("sample_labels", torch.arange(n) % max(num_classes, 1))
+        self.register_buffer("sample_labels", torch.arange(n) * max(num_classes, 1) // n)
         self._pending_rng: dict[str, Any] | None = None
 
     # --- the training step -----------------------------------------------------------------------
@@ -80,12 +92,7 @@ class GANModule(L.LightningModule):
             self.manual_backward(g_loss)
         opt_g.step()
 
-        self.counters.g_steps += 1
-        self.counters.images_seen += batch[0].shape[0] * self.trainer.world_size
-        if self.ema is not None:
-            self.ema.update(self.G, int(self.counters.g_steps))
-        self.d_real_mean.update(real_logits)
-        self.d_fake_mean.update(fake_logits)
+        self.update_statistics(batch[0].shape[0], real_logits)
         if int(self.counters.g_steps) % self.cfg["log"]["every"] == 0:
             # .item() here and only here: one device sync per logging step, plain floats to the
             # loggers, and no tensor that could keep a graph alive.
@@ -94,14 +101,25 @@ class GANModule(L.LightningModule):
                 "d/real": real_logits.mean().item(), "d/fake": fake_logits.mean().item(),
                 "d/real_running": self.d_real_mean.value.item(), "d/fake_running": self.d_fake_mean.value.item(),
                 "grad_norm/g": grad_norm(self.G), "grad_norm/d": grad_norm(self.D),
+                **({"augment/p": self.augment.p.item()} if self.augment is not None else {}),
             })
 
     def update_d(self, opt_d: Any, real: Tensor, fake: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One discriminator update; ``fake`` arrives detached (or made under no_grad)."""
+        r1_due = self.reg["name"] == "r1" and int(self.counters.d_steps) % self.reg["every"] == 0
+        if r1_due:
+            real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
         real_logits, fake_logits = self.critic(real, y), self.critic(fake, y)
+        self.d_real_mean.update(real_logits)
+        self.d_fake_mean.update(fake_logits)
         d_loss = self.loss.d(real_logits, fake_logits)
         if self.gp_weight:
             d_loss = d_loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake)
+        if r1_due:  # lazy: every `every` D steps, its gain multiplied by `every` (StyleGAN2)
+            d_loss = d_loss + self.reg["gamma"] / 2 * self.reg["every"] * r1_penalty(real_logits, real)
+        if self.reg["name"] == "lecam":
+            d_loss = d_loss + self.reg["weight"] * lecam_penalty(
+                real_logits, fake_logits, self.d_real_mean.value, self.d_fake_mean.value)
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(d_loss)
         opt_d.step()
@@ -109,10 +127,26 @@ class GANModule(L.LightningModule):
         return d_loss.detach(), real_logits.detach(), fake_logits.detach()
 
     def critic(self, x: Tensor, y: Tensor) -> Tensor:
-        """D's scores for ``x``; a conditional D sees ``torch.cat((condition, x), dim=1)``."""
+        """What D says about ``x``: augmented (when configured), then, for a conditional D,
+        ``torch.cat((condition, x), dim=1)``."""
+        if self.augment is not None:
+            x = self.augment(x)
         if self.num_classes:
             x = torch.cat((condition_input(y, self.num_classes, self.data_shape), x), dim=1)
         return self.D(x)
+
+    @torch.no_grad()
+    def update_statistics(self, batch_size: int, real_logits: Tensor) -> None:
+        """Counters, the EMA generator and the augmentation probability, after a generator step."""
+        self.counters.g_steps += 1
+        self.counters.images_seen += batch_size * self.trainer.world_size
+        g_steps = int(self.counters.g_steps)
+        if self.ema is not None:
+            self.ema.update(self.G, g_steps)
+        if self.augment is not None:
+            self.augment.accumulate(real_logits)
+            if g_steps % self.augment.interval == 0:
+                self.augment.adjust(batch_size // self.d_steps)
 
     def noise(self, n: int) -> Tensor:
         return torch.randn(n, self.z_dim, device=self.device)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -12,40 +11,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from gan.audit import AutogradAudit
+from gan.checkpoint import AtomicCheckpointIO, GeneratorStepCheckpoint
 from gan.data import GANDataModule, data_shape, mixture_means, num_classes
 from gan.errors import ConfigError
 from gan.module import GANModule
 from gan.visuals import SampleLogger, real_points_for_plot
-
-
-class GeneratorStepCheckpoint(L.Callback):
-    """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, and ``last.ckpt`` then and at the end.
-
-    Written here rather than with Lightning's ModelCheckpoint, which counts Lightning's global step
-    (every optimizer step, G and D alike) and, once a periodic checkpoint exists, does not write
-    ``last.ckpt`` at the end of training. Files go through ``trainer.save_checkpoint``, which writes
-    to a temporary file and renames it, so a kill mid-write never leaves a truncated checkpoint.
-    """
-
-    def __init__(self, directory: Path, every: int):
-        self.directory, self.every = Path(directory), every
-        self.saved_step = -1
-
-    def save(self, trainer: L.Trainer, step: int, periodic: bool) -> None:
-        if periodic:
-            trainer.save_checkpoint(self.directory / f"step_{step:06d}.ckpt", weights_only=False)
-        trainer.save_checkpoint(self.directory / "last.ckpt", weights_only=False)
-        self.saved_step = step
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        step = int(pl_module.counters.g_steps)
-        if step % self.every == 0:
-            self.save(trainer, step, periodic=True)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        step = int(pl_module.counters.g_steps)
-        if step != self.saved_step:
-            self.save(trainer, step, periodic=False)
 
 
 class GeneratorStepProgressBar(TQDMProgressBar):
@@ -96,7 +66,9 @@ def train(cfg: DictConfig) -> GANModule:
 
     container = OmegaConf.to_container(cfg, resolve=True)
     datamodule = GANDataModule(container["data"], cfg.train.batch_size, cfg.train.d_steps, cfg.seed)
-    classes = num_classes(datamodule.dataset) if cfg.model.get("conditional", False) else 0
+    classes = num_classes(datamodule.dataset) if cfg.model.conditional else 0
+    if cfg.model.conditional and classes == 0:
+        raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
     module = GANModule(container, data_shape(container["data"]), classes)
 
     two_d = cfg.data.name in ("ring", "grid")
@@ -123,6 +95,7 @@ def train(cfg: DictConfig) -> GANModule:
         log_every_n_steps=1,  # the module decides when to log (log.every generator steps)
         use_distributed_sampler=False,  # StepBatchSampler shards the data per rank itself
         num_sanity_val_steps=0,
+        plugins=[AtomicCheckpointIO()],
         **trainer_args,
     )
     with warnings.catch_warnings():

@@ -21,6 +21,7 @@ DASHBOARD_LAYOUT = {
         "losses": ["Multiline", ["loss/d", "loss/g"]],
         "D output on real and fake": ["Multiline", ["d/real", "d/fake", "d/real_running", "d/fake_running"]],
         "gradient norms": ["Multiline", ["grad_norm/g", "grad_norm/d"]],
+        "augmentation probability": ["Multiline", ["augment/p"]],
     },
 }
 
@@ -115,7 +116,8 @@ class SampleLogger(L.Callback):
                 writer.add_figure("samples/scatter", fig, step, close=False)
             save_figure(fig, self.directory / f"step_{step:06d}.png")
         else:
-            nrow = pl_module.num_classes or None  # conditional: one row per class
+            # conditional: one row per class
+            nrow = len(samples) // pl_module.num_classes if pl_module.num_classes else None
             grid = image_grid(samples, nrow=nrow)
             if writer is not None:
                 writer.add_image("samples/grid", grid, step)

@@ -1,0 +1,362 @@
+"""How good are the samples? The mode protocol for 2D mixtures; FID, KID and precision/recall for images.
+
+* 2D mixtures (DESIGN.md section 3): ``modes`` captured out of ``modes_total``, the ``high_quality``
+  fraction (within 3 std of a mean) and ``reverse_kl`` of the mode shares from uniform.
+* Images: ``fid`` and ``kid`` from torchmetrics and k-NN ``precision`` / ``recall`` (Kynkäänniemi et
+  al. 2019, k = 3), all in one feature space (gan/features.py), named by ``features``.
+
+Samples come from :meth:`GANModule.generate`, the one evaluation context (eval mode, no_grad, state
+restored), in three places: :func:`evaluate_run` (``python evaluate.py``), :class:`MetricsLogger`
+(every ``eval.every`` generator steps during training) and the tests. Every random draw is seeded
+here and made in a forked RNG: same seed, same numbers, and measuring never moves a run's streams.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torchmetrics.image.fid import FrechetInceptionDistance
+from torchmetrics.image.kid import KernelInceptionDistance
+from torchmetrics.utilities import dim_zero_cat
+from torchvision.utils import save_image
+
+from gan import audit
+from gan.data import build_dataset, mixture_means
+from gan.errors import ConfigError
+from gan.evaluation import evaluating
+from gan.features import FeatureExtractor, classifier_features, inception_features, to_uint8
+from gan.module import GANModule
+from gan.visuals import image_grid, real_points_for_plot, save_figure, scatter_figure
+
+FEATURES = ("classifier", "rotation", "inception")
+KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What to measure; the keys of train.yaml's ``eval`` block and of evaluate.yaml."""
+
+    num_samples: int = 2500  # generated samples per evaluation (DESIGN.md section 3)
+    num_real: int = 10000  # at most this many real images behind the image metrics
+    features: str | None = None  # classifier | rotation | inception; None: classifier if labelled
+    inception_weights: str | None = None
+    cache_dir: str = "~/.cache/gan_patterns"
+    batch_size: int = 250
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> EvalSettings:
+        settings = cls(**{f.name: cfg[f.name] for f in fields(cls)})
+        if settings.num_samples < 4 or settings.num_real < 4:
+            raise ConfigError(f"num_samples={settings.num_samples}, num_real={settings.num_real}: both must "
+                              "be at least 4 (precision/recall looks at each sample's 3 nearest neighbours)")
+        if settings.batch_size < 1:
+            raise ConfigError(f"batch_size={settings.batch_size}: it must be >= 1")
+        if settings.features not in (None, *FEATURES):
+            raise ConfigError(f"features={settings.features}: use {' | '.join(FEATURES)}")
+        return settings
+
+
+# --- 2D mixtures ---------------------------------------------------------------------------------
+
+def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, float | int]:
+    """The PacGAN / VEEGAN protocol: each sample belongs to its nearest mean.
+
+    A sample is high quality within 3 std of that mean; a mode is captured when at least one high
+    quality sample belongs to it; ``reverse_kl`` = sum_k p_k log(K p_k) over the shares p_k of all
+    samples (empty modes add 0): 0 when the samples spread evenly over the modes.
+    """
+    distance, nearest = torch.cdist(samples.double(), means.to(samples.device).double()).min(dim=1)
+    high_quality = distance <= 3 * std
+    num_modes = len(means)
+    captured = torch.bincount(nearest[high_quality], minlength=num_modes) > 0
+    shares = torch.bincount(nearest, minlength=num_modes).double() / len(samples)
+    present = shares[shares > 0]
+    return {"modes": int(captured.sum()), "modes_total": num_modes,
+            "high_quality": high_quality.double().mean().item(),
+            "reverse_kl": (present * (num_modes * present).log()).sum().item()}
+
+
+class MixtureMetrics(nn.Module):
+    def __init__(self, means: Tensor, std: float):
+        super().__init__()
+        self.register_buffer("means", means)
+        self.std = std
+
+    def score(self, samples: Tensor, seed: int = 0) -> dict[str, Any]:
+        return mixture_metrics(samples, self.means, self.std)
+
+
+# --- images --------------------------------------------------------------------------------------
+
+def knn_radii(points: Tensor, k: int, chunk: int = 1024) -> Tensor:
+    """Distance from each point to its k-th nearest neighbour among the others."""
+    # k + 1 smallest: the point itself is at distance 0 and comes first.
+    return torch.cat([torch.cdist(rows, points).topk(k + 1, largest=False).values[:, k]
+                      for rows in points.split(chunk)])
+
+
+def inside(points: Tensor, centres: Tensor, radii: Tensor, chunk: int = 1024) -> Tensor:
+    """For each point: does it lie within ``radii[j]`` of some ``centres[j]``?"""
+    return torch.cat([(torch.cdist(rows, centres) <= radii).any(dim=1) for rows in points.split(chunk)])
+
+
+def knn_precision_recall(real: Tensor, fake: Tensor, k: int = 3) -> tuple[float, float]:
+    """k-NN precision and recall (Kynkäänniemi et al. 2019) of feature sets (N, D) and (M, D).
+
+    Each set's manifold is the union of balls around its points reaching their k-th nearest neighbour.
+    Precision: the share of fakes inside the real manifold (are samples realistic?). Recall: the share
+    of reals inside the fake manifold (is the data covered?). Written here because torchmetrics has
+    only the classification kind of precision/recall.
+    """
+    real, fake = real.double(), fake.double()
+    precision = inside(fake, real, knn_radii(real, k)).double().mean().item()
+    recall = inside(real, fake, knn_radii(fake, k)).double().mean().item()
+    return precision, recall
+
+
+class ImageMetrics(nn.Module):
+    """FID and KID (torchmetrics) and k-NN precision/recall of generated images, in one feature space.
+
+    The real images go in once (:meth:`add_real`). Their statistics are the metrics' states, made
+    persistent: they are in ``state_dict()``, so a saved ImageMetrics reloads without seeing a real
+    image again. :meth:`score` then only embeds the generated images.
+    """
+
+    def __init__(self, extractor: FeatureExtractor, k: int = 3):
+        super().__init__()
+        self.extractor, self.k = extractor, k
+        # The one extractor instance is FID's and KID's `feature`: one feature space by construction.
+        # reset_real_features=False: reset() before each score forgets only the generated images.
+        # sync_on_compute=False: scored on one process, with no collective call for others to join.
+        options = {"feature": extractor, "reset_real_features": False, "sync_on_compute": False}
+        self.fid = FrechetInceptionDistance(**options)
+        with warnings.catch_warnings():  # "will save all extracted features": wanted, for precision/recall
+            warnings.filterwarnings("ignore", message=".*will save all extracted features.*")
+            self.kid = KernelInceptionDistance(subset_size=KID_SUBSET_SIZE, **options)
+        self.fid.persistent(True)
+        self.kid.persistent(True)
+
+    def add_real(self, images: Tensor, batch_size: int = 250) -> None:
+        self.update(images, real=True, batch_size=batch_size)
+
+    def update(self, images: Tensor, real: bool, batch_size: int) -> None:
+        with evaluating(self.extractor):
+            for batch in images.split(batch_size):
+                self.fid.update(batch, real=real)
+                self.kid.update(batch, real=real)
+
+    def score(self, fake: Tensor, seed: int = 0, batch_size: int = 250) -> dict[str, Any]:
+        if int(self.fid.real_features_num_samples) == 0:
+            raise RuntimeError("ImageMetrics.score before add_real: there is nothing to compare with")
+        self.fid.reset()
+        self.kid.reset()
+        self.update(fake, real=False, batch_size=batch_size)
+        # KID's own stored features: the same embeddings, without a third pass through the extractor.
+        real_features, fake_features = dim_zero_cat(self.kid.real_features), dim_zero_cat(self.kid.fake_features)
+        self.kid.subset_size = min(KID_SUBSET_SIZE, len(real_features), len(fake_features))
+        with torch.random.fork_rng(devices=[]):  # KID draws its subsets from the global CPU generator
+            torch.manual_seed(seed)
+            kid, _ = self.kid.compute()
+        precision, recall = knn_precision_recall(real_features, fake_features, self.k)
+        return {"fid": self.fid.compute().item(), "kid": kid.item(), "precision": precision,
+                "recall": recall, "features": self.extractor.name}
+
+
+def quantize(images: Tensor) -> Tensor:
+    """Round [-1, 1] images to the 256 levels a PNG holds: what is scored is what would be saved."""
+    return to_uint8(images).float() / 127.5 - 1.0
+
+
+def real_images(dataset: Dataset, limit: int) -> tuple[Tensor, Tensor]:
+    """(images, labels) of all of ``dataset``, or of a fixed subset of ``limit`` items.
+
+    The subset is drawn with seed 0, not the run's seed: every evaluation on this data compares
+    against the same real images.
+    """
+    n = len(dataset)
+    index = torch.arange(n)
+    if n > limit:
+        index = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:limit].sort().values
+    if isinstance(dataset, TensorDataset):
+        images, labels = (t[index] for t in dataset.tensors)
+    else:  # image folders decode lazily: read the subset once
+        batches = list(DataLoader(Subset(dataset, index.tolist()), batch_size=256))
+        images, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    return quantize(images), labels
+
+
+def data_id(data_cfg: dict[str, Any]) -> str:
+    """Names the real data in cache file names: ``digits``, ``mnist-test``, ``folder-faces-1a2b3c4d``."""
+    if data_cfg["name"] == "folder":
+        path = Path(data_cfg["path"]).expanduser().resolve()
+        return f"folder-{path.name}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    split = data_cfg.get("split", "train")
+    return data_cfg["name"] if split == "train" else f"{data_cfg['name']}-{split}"
+
+
+def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSettings,
+                  device: torch.device | str = "cpu") -> MixtureMetrics | ImageMetrics:
+    """The metrics for a run's data, with the real side already in place."""
+    name = data_cfg["name"]
+    if name in ("ring", "grid"):
+        if settings.features is not None:
+            raise ConfigError(f"features={settings.features} is for images; data={name} is scored by the "
+                              "mode protocol (modes, high_quality, reverse_kl)")
+        return MixtureMetrics(mixture_means(name), data_cfg["std"]).to(device)
+    images, labels = real_images(dataset, settings.num_real)
+    images = images.to(device)
+    labelled = bool((labels >= 0).all()) and int(labels.max()) >= 1
+    features = settings.features or ("classifier" if labelled else "rotation")
+    if features == "classifier" and not labelled:
+        raise ConfigError(f"features=classifier needs class labels and data={name} has none: use "
+                          "features=rotation or features=inception")
+    if features == "inception":
+        extractor = inception_features(settings.inception_weights).to(device)
+    else:
+        extractor = classifier_features(features, data_id(data_cfg), images,
+                                        labels if features == "classifier" else None, settings.cache_dir)
+    metrics = ImageMetrics(extractor).to(device)
+    metrics.add_real(images, settings.batch_size)
+    return metrics
+
+
+# --- sampling and scoring ------------------------------------------------------------------------
+
+def generate_samples(module: GANModule, num_samples: int, seed: int, batch_size: int = 250) -> Tensor:
+    """``num_samples`` samples of the module's sampling generator (the EMA copy when it has one).
+
+    Noise comes from a generator seeded with ``seed`` on the CPU (the same noise on any device) and
+    labels of a conditional generator cycle through the classes, as balanced as the real data.
+    Images are rounded to 8 bits (:func:`quantize`).
+    """
+    noise = torch.randn(num_samples, module.z_dim, generator=torch.Generator().manual_seed(seed))
+    labels = torch.arange(num_samples) % max(module.num_classes, 1)
+    samples = torch.cat([module.generate(z.to(module.device), y.to(module.device))
+                         for z, y in zip(noise.split(batch_size), labels.split(batch_size))])
+    return quantize(samples) if samples.dim() == 4 else samples
+
+
+def sample_and_score(module: GANModule, metrics: MixtureMetrics | ImageMetrics, settings: EvalSettings,
+                     seed: int) -> tuple[Tensor, dict[str, Any]]:
+    samples = generate_samples(module, settings.num_samples, seed, settings.batch_size)
+    return samples, metrics.score(samples, seed)
+
+
+def scalars(values: dict[str, Any]) -> dict[str, float]:
+    """The numeric metrics as plain floats, tagged ``metrics/<name>`` for TensorBoard."""
+    return {f"metrics/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))}
+
+
+class MetricsLogger(L.Callback):
+    """Every ``every`` generator steps: the metrics of fresh samples, to TensorBoard as ``metrics/*``.
+
+    Measured on rank 0 only; the noise is the same at every evaluation (seeded with the run's seed),
+    so the curve follows the generator, not the draw.
+    """
+
+    def __init__(self, every: int, settings: EvalSettings, seed: int):
+        self.every, self.settings, self.seed = every, settings, seed
+        self.metrics: MixtureMetrics | ImageMetrics | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: GANModule) -> None:
+        # Built once the module sits on its device; a first run on image data trains the classifier here.
+        if trainer.is_global_zero:
+            self.metrics = build_metrics(pl_module.cfg["data"], trainer.datamodule.dataset, self.settings,
+                                         pl_module.device)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
+        step = int(pl_module.counters.g_steps)
+        if step % self.every or not trainer.is_global_zero:
+            return
+        _, values = sample_and_score(pl_module, self.metrics, self.settings, self.seed)
+        logged = scalars(values)
+        if pl_module.audit:
+            audit.check_plain_numbers(logged)
+        if trainer.logger is not None:
+            for tag, value in logged.items():
+                trainer.logger.experiment.add_scalar(tag, value, step)
+
+
+# --- python evaluate.py --------------------------------------------------------------------------
+
+def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
+    """(run directory, checkpoint file), or a ConfigError saying what is missing."""
+    if run_dir is None:
+        raise ConfigError("run_dir is required: python evaluate.py run_dir=<a train.py run directory>")
+    run = Path(run_dir).expanduser()
+    if not (run / ".hydra" / "config.yaml").is_file():
+        what = "is not a directory" if not run.is_dir() else "is not a training run (no .hydra/config.yaml)"
+        raise ConfigError(f"run_dir={run_dir} {what}: give the directory train.py wrote")
+    path = Path(ckpt).expanduser() if ckpt else run / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} does not exist: pass ckpt=<file>, e.g. one of "
+                          f"{run / 'checkpoints'}/*.ckpt")
+    return run, path
+
+
+def load_module(path: Path) -> GANModule:
+    """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        hp = ckpt["hyper_parameters"]
+        module = GANModule(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
+        module.load_state_dict(ckpt["state_dict"])
+    except (OSError, EOFError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as e:
+        raise ConfigError(f"cannot rebuild a GAN from {path}: {str(e).splitlines()[0]}") from None
+    return module
+
+
+def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
+    """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard.
+
+    Every check that can fail on bad input runs before the first file is written.
+    """
+    run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
+    settings = EvalSettings.from_config(cfg)
+    device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    module = load_module(ckpt_path).to(device)
+    run_cfg = module.cfg
+    dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
+    metrics = build_metrics(run_cfg["data"], dataset, settings, device)
+    samples, values = sample_and_score(module, metrics, settings, cfg.seed)
+    step = int(module.counters.g_steps)
+    result = {**values, "step": step, "num_samples": settings.num_samples, "seed": cfg.seed,
+              "checkpoint": str(ckpt_path.resolve())}
+
+    out = run / "eval"
+    out.mkdir(exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run / "tensorboard"))
+    if samples.dim() == 2:
+        np.savez_compressed(out / "samples.npz", samples=samples.cpu().numpy().astype(np.float32))
+        fig = scatter_figure(samples, real_points_for_plot(dataset), metrics.means,
+                             title=f"step {step}: {values['modes']}/{values['modes_total']} modes, "
+                                   f"{values['high_quality']:.0%} high quality")
+        writer.add_figure("eval/grid", fig, step, close=False)
+        save_figure(fig, out / "grid.png")
+    else:
+        np.savez_compressed(out / "samples.npz", samples=to_uint8(samples).cpu().numpy())
+        grid = image_grid(samples[:64], nrow=module.num_classes or None)
+        writer.add_image("eval/grid", grid, step)
+        save_image(grid, out / "grid.png")
+    for tag, value in scalars(values).items():
+        writer.add_scalar(tag, value, step)
+    writer.close()
+    print(f"{run} at generator step {step}: " + ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items()))
+    print(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}")
+    return result

@@ -1,0 +1,100 @@
+"""Running statistics live in registered buffers: saved, moved, restored, never optimized."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from conftest import compose_config
+from omegaconf import OmegaConf
+
+from gan.data import data_shape
+from gan.module import GANModule
+from gan.stats import EMAGenerator, RunningMean, StepCounters
+
+FULL = ["debug=tiny", "augment=ada", "reg=lecam", "model.spectral_norm=true", "model.conditional=true"]
+
+
+def build(*overrides: str) -> GANModule:
+    cfg = compose_config(*FULL, *overrides)
+    return GANModule(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)), num_classes=10)
+
+
+def test_every_buffer_is_saved_and_never_optimized():
+    module = build()
+    buffers = dict(module.named_buffers())
+    expected = {"counters.g_steps", "counters.d_steps", "counters.images_seen", "d_real_mean.value",
+                "d_fake_mean.value", "augment.p", "augment.sign_sum", "sample_noise", "sample_labels",
+                "ema.num_updates"}
+    assert expected <= set(buffers)
+    assert any(name.startswith("D.") and name.endswith("_u") for name in buffers)  # spectral norm
+    ema_weights = {n for n in buffers if n.startswith("ema.generator.")}
+    assert {f"ema.generator.{n}" for n, _ in module.G.named_parameters()} <= ema_weights
+    state = module.state_dict()
+    # No buffer is persistent=False: each one is state a resumed run needs.
+    assert set(buffers) <= set(state)
+    trained = {id(p) for p in [*module.G.parameters(), *module.D.parameters()]}
+    optimized = {id(p) for opt in module.configure_optimizers() for g in opt.param_groups for p in g["params"]}
+    everything = {id(p) for p in module.parameters()}  # the EMA copy is not even a parameter
+    for name, buffer in buffers.items():
+        assert id(buffer) not in trained | optimized | everything, name
+        assert not buffer.requires_grad, name
+    assert optimized == trained
+
+
+def test_buffers_follow_to():
+    module = build().to(torch.float64)
+    for name, buffer in module.named_buffers():
+        if name.endswith(("g_steps", "d_steps", "images_seen", "count", "sign_count", "num_updates",
+                          "sample_labels", "num_batches_tracked")):
+            assert buffer.dtype == torch.int64, name  # integer counters stay integers
+        else:
+            assert buffer.dtype == torch.float64, name
+    if torch.cuda.is_available():  # only on a machine with a GPU
+        moved = module.to("cuda")
+        assert all(b.is_cuda for b in moved.buffers())
+
+
+def test_buffers_survive_save_and_load():
+    module = build()
+    with torch.no_grad():
+        for i, buffer in enumerate(module.buffers()):
+            buffer.add_(i + 1)  # distinct, non-initial values everywhere
+    blob = io.BytesIO()
+    torch.save(module.state_dict(), blob)
+    blob.seek(0)
+    fresh = build()
+    fresh.load_state_dict(torch.load(blob, weights_only=True))
+    for (name, a), (_, b) in zip(module.named_buffers(), fresh.named_buffers()):
+        assert torch.equal(a, b), name
+
+
+def test_counters_start_at_zero():
+    counters = StepCounters()
+    assert [int(b) for b in counters.buffers()] == [0, 0, 0]
+
+
+def test_running_mean_starts_at_first_value_then_decays():
+    mean = RunningMean(decay=0.9)
+    mean.update(torch.tensor([2.0, 4.0]))
+    assert mean.value.item() == pytest.approx(3.0)
+    mean.update(torch.tensor([13.0]))
+    assert mean.value.item() == pytest.approx(0.9 * 3.0 + 0.1 * 13.0)
+
+
+def test_ema_copies_during_warmup_then_averages_with_ramped_decay():
+    g = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    ema = EMAGenerator(g, decay=0.999, start=2)
+    assert not list(ema.parameters())  # weights are buffers
+    with torch.no_grad():
+        g[0].weight.fill_(1.0)
+        g[1].running_mean.fill_(5.0)
+    ema.update(g, g_step=2)  # warm-up: a copy
+    assert torch.equal(ema.generator[0].weight, g[0].weight)
+    with torch.no_grad():
+        g[0].weight.fill_(3.0)
+    ema.update(g, g_step=3)  # first average: decay min(0.999, 1/10) = 0.1
+    assert torch.allclose(ema.generator[0].weight, torch.full((2, 2), 0.1 * 1.0 + 0.9 * 3.0))
+    assert torch.equal(ema.generator[1].running_mean, g[1].running_mean)  # BatchNorm stats: copied
+    assert int(ema.num_updates) == 1
