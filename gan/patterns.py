@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from gan.losses import get_loss
 from gan.models import DCGANDiscriminator, MLPDiscriminator, build_models, condition_input
 
 Z_DIM = 16
+SIZE = 16  # image side of the small models most demonstrations use
 LOSS = get_loss("nonsaturating")  # the default loss of configs/train.yaml
 
 
@@ -65,7 +67,7 @@ class Result:
 # --- shared helpers ----------------------------------------------------------------------------------
 
 
-def make_gan(device: torch.device, *, size: int = 16, width: int = 8, num_classes: int = 0,
+def make_gan(device: torch.device, *, size: int = SIZE, width: int = 8, num_classes: int = 0,
              seed: int = 0) -> tuple[nn.Module, nn.Module]:
     """The project's DCGAN (G, D) for 1-channel ``size`` x ``size`` images, identical for equal seeds."""
     with torch.random.fork_rng(devices=[]):  # seeded weights without resetting the caller's RNG
@@ -74,7 +76,7 @@ def make_gan(device: torch.device, *, size: int = 16, width: int = 8, num_classe
     return g.to(device), d.to(device)
 
 
-def gan_inputs(device: torch.device, batch: int, size: int = 16, seed: int = 1) -> tuple[Tensor, Tensor]:
+def gan_inputs(device: torch.device, batch: int, size: int = SIZE, seed: int = 1) -> tuple[Tensor, Tensor]:
     """Noise for G and a stand-in batch of "real" images in [-1, 1]; equal seeds give equal tensors."""
     generator = torch.Generator().manual_seed(seed)
     z = torch.randn(batch, Z_DIM, generator=generator)
@@ -287,7 +289,7 @@ def requires_grad(device: torch.device) -> Result:
 
 
 def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int = 64,
-           repeats: int = 15) -> Result:
+           repeats: int = 31) -> Result:
     g, d = make_gan(device, size=size, width=width)
     z, real = gan_inputs(device, batch, size)
 
@@ -445,7 +447,7 @@ def g_step(g: nn.Module, d: nn.Module, opt_g: torch.optim.Optimizer, fake: Tenso
 
 
 def gan_d_step(device: torch.device, *, size: int = 32, width: int = 32, batch: int = 64,
-               repeats: int = 15) -> Result:
+               repeats: int = 31) -> Result:
     g0, d0 = make_gan(device, size=size, width=width)
     z, real = gan_inputs(device, batch, size)
     runs: dict[str, dict[str, Any]] = {}
@@ -460,7 +462,7 @@ def gan_d_step(device: torch.device, *, size: int = 32, width: int = 32, batch: 
             "g_grads_touched": not no_grads(g),
             "held_bytes": saved_bytes(d_loss, exclude=[*state_tensors(g, d), real], stop_at=fake),
             "d_weights": [p.detach().clone() for p in d.parameters()],
-            "g_step_error": raised(lambda g=g, d=d, opt_g=opt_g, fake=fake: g_step(g, d, opt_g, fake)),
+            "g_step_error": raised(partial(g_step, g, d, opt_g, fake)),
         }
 
     def timed_d_step(variant: str) -> Callable[[], Callable[[], object]]:
@@ -476,6 +478,8 @@ def gan_d_step(device: torch.device, *, size: int = 32, width: int = 32, batch: 
     peak = {variant: cuda_peak_bytes(device, timed_d_step(variant)()) for variant in ("detach", "retain_graph")}
 
     a, b, c = (runs[v] for v in D_STEP_VARIANTS)
+    peak_text = ("" if device.type != "cuda" else
+                 f" CUDA peak during the D step {mib(peak['detach'])} (a) vs {mib(peak['retain_graph'])} (b);")
     max_diff = max((x - y).abs().max().item() for x, y in zip(a["d_weights"], b["d_weights"]))
     values = {
         "d_step_flops": {v: runs[v]["flops"] for v in D_STEP_VARIANTS},
@@ -501,8 +505,7 @@ def gan_d_step(device: torch.device, *, size: int = 32, width: int = 32, batch: 
         f"(a) vs (b) max diff {max_diff:.1e}; D step {a['flops'] / 1e6:.1f} MFLOP (a) vs "
         f"{b['flops'] / 1e6:.1f} MFLOP (b), {ms['detach']:.1f} ms (a) vs {ms['retain_graph']:.1f} ms (b); "
         f"D-loss graph still held after backward (saved activations): {mib(a['held_bytes'])} (a) vs "
-        f"{mib(b['held_bytes'])} (b); CUDA peak (a) {mib(peak['detach'])}, (b) "
-        f"{mib(peak['retain_graph'])}; G step: (a), (b) {quote(a['g_step_error'])}, "
+        f"{mib(b['held_bytes'])} (b);{peak_text} G step: (a), (b) {quote(a['g_step_error'])}, "
         f"(c) {quote(c['g_step_error'], 70)}",
         values, ok)
 
@@ -542,7 +545,7 @@ def reuse_d_fake(device: torch.device) -> Result:
         "`logits = D(fake)`; D loss on them, backward(retain_graph=True), `opt_d.step()`; G loss on the "
         "same logits, then on a fresh `D(fake)`",
         f"D's last conv weight version {version_before} -> {version_after} after opt_d.step(); reused "
-        f"logits: {quote(stale_error, 110)}; fresh forward: {quote(fresh_error)}, G .grad set "
+        f"logits: {quote(stale_error.split(' Hint:')[0], 200)}; fresh forward: {quote(fresh_error)}, G .grad set "
         f"{values['fresh_g_grads']}",
         values, ok)
 
@@ -574,7 +577,7 @@ def conditional(device: torch.device, *, num_classes: int = 10) -> Result:
     labels = torch.arange(8, device=device) % num_classes
     unconditional_split = gradient_split(*make_gan(device), z, real, None, 0)
     g, d = make_gan(device, num_classes=num_classes)
-    condition = condition_input(labels, num_classes, (1, 16, 16))
+    condition = condition_input(labels, num_classes, tuple(real.shape[1:]))
     fake = g(z, labels)
     d_in = [m for m in d.modules() if isinstance(m, nn.Conv2d)][0].in_channels
     values = {
@@ -618,7 +621,7 @@ def timing(device: torch.device, *, size: int = 4096, matmuls: int = 20) -> Resu
 
     def work() -> None:
         for _ in range(matmuls):
-            a @ a
+            a @ a  # the result is dropped; the kernel runs all the same
 
     work()  # warm-up: cuBLAS handles and workspaces
     torch.cuda.synchronize(device)
@@ -649,25 +652,25 @@ def timing(device: torch.device, *, size: int = 4096, matmuls: int = 20) -> Resu
 
 
 def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int = 64,
-            repeats: int = 15) -> Result:
+            repeats: int = 101) -> Result:
     g, d = make_gan(device, size=size, width=width)
     z, real = gan_inputs(device, batch, size)
-    with evaluating(g):  # eval mode + no_grad: how this project samples
-        sample = g(z)
-    g.eval()
-    with_graph = g(z)  # the same evaluation with autograd on
-    g.train()
+
+    def evaluate() -> Tensor:
+        with evaluating(g):  # eval mode + no_grad: how this project samples
+            return g(z)
+
+    def evaluate_with_autograd() -> Tensor:
+        g.eval()  # the same evaluation, but autograd records a graph
+        try:
+            return g(z)
+        finally:
+            g.train()
+
+    sample = evaluate()
     exclude = [*state_tensors(g), z]
-    grad_bytes, no_grad_bytes = saved_bytes(with_graph, exclude), saved_bytes(sample, exclude)
-
-    def evaluate(inference: bool) -> Callable[[], object]:
-        def run() -> None:
-            with evaluating(g, inference=inference):
-                g(z)
-        return run
-
-    peak_no_grad = cuda_peak_bytes(device, evaluate(False))
-    peak_grad = cuda_peak_bytes(device, lambda: (g.eval(), g(z), g.train()))
+    grad_bytes, no_grad_bytes = saved_bytes(evaluate_with_autograd(), exclude), saved_bytes(sample, exclude)
+    peak_grad, peak_no_grad = cuda_peak_bytes(device, evaluate_with_autograd), cuda_peak_bytes(device, evaluate)
 
     with torch.no_grad():
         created = torch.ones(3, device=device, requires_grad=True)
@@ -676,7 +679,8 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
 
     # inference_mode skips per-op bookkeeping that no_grad still does: version counters (bumped by
     # every in-place op) and view tracking. Per-op costs show where ops are small, so it is timed on
-    # the MLP generator of the 2D mixtures (configs/model/mlp.yaml), one point at a time, 50 per run.
+    # the MLP generator of the 2D mixtures (configs/model/mlp.yaml), one point at a time, 20 per run:
+    # short runs, many of them, so that the median dodges the bursts of a shared machine.
     points_g, _ = build_models({"name": "mlp", "hidden": 256, "layers": 3}, Z_DIM, (2,))
     points_g.to(device)
     points_z = torch.randn(1, Z_DIM, device=device)
@@ -684,7 +688,7 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
     def sample_points(inference: bool) -> Callable[[], object]:
         def run() -> None:
             with evaluating(points_g, inference=inference):
-                for _ in range(50):
+                for _ in range(20):
                     points_g(points_z)
         return run
 
@@ -716,7 +720,7 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
           and values["no_grad_sample_error"] is None
           and "Inference tensors cannot be saved for backward" in (values["inference_sample_error"] or "")
           and values["inference_sample_version_error"] is not None and values["inference_ratio"] < 1)
-    peak_text = ("" if peak_grad is None else
+    peak_text = ("" if device.type != "cuda" else
                  f" CUDA peak {mib(peak_no_grad)} vs {mib(peak_grad)} (ratio {peak_no_grad / peak_grad:.2f});")
     return Result(
         "no_grad",
@@ -724,15 +728,16 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
         "Parameters created inside keep `requires_grad=True`; `inference_mode` is faster still but its "
         "tensors cannot enter autograd",
         f"DCGAN G {size}x{size}, width {width}, batch {batch} in eval mode: `evaluating(G)` vs autograd on; "
-        f"`evaluating(G, inference=True)`; D trained on each sample; no_grad vs inference_mode sampling "
-        f"of the 2D MLP G, median of {repeats}",
+        f"`evaluating(G, inference=True)`; D trained on each sample; no_grad vs inference_mode: 20 "
+        f"single-point samples of the 2D MLP G, median of {repeats}",
         f"output requires grad {values['output_requires_grad']}, grad_fn None "
         f"{values['output_grad_fn_none']}; activations saved for backward {mib(no_grad_bytes)} vs "
         f"{mib(grad_bytes)} with autograd (ratio {no_grad_bytes / grad_bytes:.2f});{peak_text} created "
         f"inside: tensor requires grad {values['created_inside_requires_grad']}, result computed from it "
         f"{values['computed_inside_requires_grad']}, new module's Parameters "
-        f"{values['parameter_inside_requires_grad']}; MLP G sampling: inference_mode {ms['inference_mode']:.2f} "
-        f"ms vs no_grad {ms['no_grad']:.2f} ms (ratio {values['inference_ratio']:.2f}), no version counter: "
+        f"{values['parameter_inside_requires_grad']}; MLP G sampling: inference_mode "
+        f"{ms['inference_mode']:.2f} ms vs no_grad {ms['no_grad']:.2f} ms (ratio {values['inference_ratio']:.2f}); "
+        f"version counter: no_grad sample at {values['no_grad_sample_version']}, inference sample "
         f"{quote(values['inference_sample_version_error'])}; D on no_grad samples "
         f"{quote(values['no_grad_sample_error'])}, on inference samples "
         f"{quote(values['inference_sample_error'], 60)}",
@@ -767,7 +772,7 @@ def non_blocking(device: torch.device, *, batch: int = 1024, size: int = 64, ste
 
     # The host work lasts as long as the GPU's copy + compute of one step, so that overlapping them
     # could at best halve a step.
-    gpu_ms = median_ms(device, repeats, gpu=lambda: lambda: step(0, False))["gpu"]
+    gpu_ms = median_ms(device, repeats, gpu=lambda: partial(step, 0, False))["gpu"]
 
     def loop(non_blocking: bool) -> Callable[[], object]:
         def run() -> None:
