@@ -14,6 +14,7 @@ from gan.audit import AutogradAudit
 from gan.checkpoint import AtomicCheckpointIO, GeneratorStepCheckpoint
 from gan.data import GANDataModule, data_shape, mixture_means, num_classes
 from gan.errors import ConfigError
+from gan.metrics import EvalSettings, MetricsLogger
 from gan.module import GANModule
 from gan.visuals import SampleLogger, real_points_for_plot
 
@@ -52,6 +53,9 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"log.{key}={cfg.log[key]}: it must be >= 1")
     if cfg.checkpoint.every < 1:
         raise ConfigError(f"checkpoint.every={cfg.checkpoint.every}: it must be >= 1")
+    if cfg.trainer.strategy == "ddp":
+        raise ConfigError("trainer.strategy=ddp fails when a backward leaves parameters without gradients, as every "
+                          "GAN step does (fake.detach(), frozen D): use trainer=ddp (ddp_find_unused_parameters_true)")
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
@@ -82,6 +86,8 @@ def train(cfg: DictConfig) -> GANModule:
         callbacks.append(GeneratorStepProgressBar(cfg.trainer.max_steps))
     if cfg.audit:
         callbacks.append(AutogradAudit())
+    if cfg.eval.every:
+        callbacks.append(MetricsLogger(cfg.eval.every, EvalSettings.from_config(cfg.eval), cfg.seed))
 
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     g_steps = trainer_args.pop("max_steps")

@@ -116,3 +116,19 @@ def test_cli_prints_composed_config_and_one_line_errors(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("error: trainer.max_steps=0")
+
+
+def test_ddp_on_two_cpu_processes(tmp_path):
+    """Lightning DDP (gloo, 2 processes) with the audit on; plain `ddp` is refused with the fix named."""
+    run_dir = tmp_path / "ddp"
+    command = [sys.executable, "train.py", "debug=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+               "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}"]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(ckpt["state_dict"]["counters.g_steps"]) == 6
+    # Each rank draws its own share of one global batch: 6 steps x 16 images x 2 ranks.
+    assert int(ckpt["state_dict"]["counters.images_seen"]) == 6 * 16 * 2
+    out = subprocess.run(command[:3] + ["trainer.strategy=ddp", f"hydra.run.dir={tmp_path}/plain"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "use trainer=ddp" in out.stderr
