@@ -62,22 +62,29 @@ class FeatureExtractor(nn.Module):
 # --- classifier and rotation features ------------------------------------------------------------
 
 class ConvClassifier(nn.Module):
-    """Three 3x3 convolution stages (width, 2 width, 4 width channels), global average pooling, a linear head.
+    """3x3 convolutions with 2x2 max pooling between them down to at most 4x4 pixels, global average
+    pooling, a linear head. Channels: width, 2 width, then 4 width.
 
-    No BatchNorm or dropout: the features must not depend on train/eval mode or on the batch.
-    Global pooling makes it work at any image size.
+    Pooling down to 4x4 before the global average lets the last convolution see the whole image (the
+    layout of the strokes, not just which strokes exist). No BatchNorm or dropout: features must not
+    depend on train/eval mode or on the rest of the batch.
     """
 
-    def __init__(self, channels: int, num_classes: int, width: int = 32):
+    def __init__(self, channels: int, image_size: int, num_classes: int, width: int = 32):
         super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True),
-            nn.Conv2d(2 * width, 4 * width, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )
-        self.head = nn.Linear(4 * width, num_classes)
-        self.width, self.num_features = width, 4 * width
+        layers: list[nn.Module] = []
+        size, stage = image_size, 0
+        while True:
+            out = width * 2 ** min(stage, 2)
+            layers += [nn.Conv2d(channels, out, 3, padding=1), nn.ReLU()]
+            channels, stage = out, stage + 1
+            if size <= 4:
+                break
+            layers.append(nn.MaxPool2d(2, ceil_mode=True))
+            size = -(-size // 2)  # ceil
+        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(channels, num_classes)
+        self.width, self.num_features = width, channels
 
     def forward(self, images: Tensor) -> Tensor:
         return self.head(self.body(images))
@@ -95,9 +102,10 @@ def train_classifier(images: Tensor, labels: Tensor | None, steps: int = 500, ba
 
     ``labels=None`` trains the rotation task: each image of a batch appears at all four rotations
     (made per batch, so memory stays at one copy of the images). Adam with a cosine learning-rate
-    decay for a fixed number of steps bounds the cost on any dataset: about 3 s for digits on 2 CPU
-    cores, and under one epoch of MNIST, which is plenty for ~98 %. Runs in a forked RNG, so training
-    a classifier does not move the caller's random streams.
+    decay for a fixed number of steps bounds the cost on any dataset. Measured with the default 500
+    steps: digits (16 px) 97.5 % held-out accuracy in about 5 s on 2 CPU cores; 10,000 MNIST images
+    (32 px) 95.6 %. Runs in a forked RNG: training a classifier does not move the caller's random
+    streams.
     """
     def examples(index: Tensor) -> tuple[Tensor, Tensor]:
         return rotations(images[index]) if labels is None else (images[index], labels[index])
@@ -109,7 +117,7 @@ def train_classifier(images: Tensor, labels: Tensor | None, steps: int = 500, ba
         # Indices drawn on the CPU even for GPU images: only the CPU stream is seeded and forked here.
         order = torch.randperm(len(images))
         held_out, train = order[: len(images) // 5], order[len(images) // 5:]
-        net = ConvClassifier(images.shape[1], num_classes).to(images.device)
+        net = ConvClassifier(images.shape[1], images.shape[-1], num_classes).to(images.device)
         optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
         for _ in range(steps):
@@ -140,8 +148,12 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
     path = Path(cache_dir).expanduser() / f"{kind}-{data_id}-{channels}x{height}x{width}.pt"
     if path.exists():
         saved = read_verified(path)
-        net = ConvClassifier(channels, saved["num_classes"], saved["width"])
-        net.load_state_dict(saved["state_dict"])
+        net = ConvClassifier(channels, width, saved["num_classes"], saved["width"])
+        try:
+            net.load_state_dict(saved["state_dict"])
+        except RuntimeError:  # written by an older version of ConvClassifier
+            raise ConfigError(f"{path} holds a classifier of another architecture: delete it and its "
+                              ".sha256 file to retrain") from None
     else:
         start = time.perf_counter()
         labels = None if labels is None else labels.to(images.device)
@@ -171,7 +183,7 @@ def read_verified(path: Path) -> dict[str, Any]:
     """Load a file written by :func:`write_verified`, refusing it unless its checksum matches."""
     data = path.read_bytes()
     checksum = Path(f"{path}.sha256")
-    expected = checksum.read_text().split()[0] if checksum.is_file() else None
+    expected = checksum.read_text().partition(" ")[0] if checksum.is_file() else None
     if hashlib.sha256(data).hexdigest() != expected:
         raise ConfigError(f"{path} does not match its checksum in {checksum.name} (corrupted or modified): "
                           "delete both files to retrain this feature classifier")

@@ -6,17 +6,18 @@
   al. 2019, k = 3), all in one feature space (gan/features.py), named by ``features``.
 
 Samples come from :meth:`GANModule.generate`, the one evaluation context (eval mode, no_grad, state
-restored), in three places: :func:`evaluate_run` (``python evaluate.py``), :class:`MetricsLogger`
-(every ``eval.every`` generator steps during training) and the tests. Every random draw is seeded
-here and made in a forked RNG: same seed, same numbers, and measuring never moves a run's streams.
+restored), in both places that measure: :func:`evaluate_run` (``python evaluate.py``) and
+:class:`MetricsLogger` (every ``eval.every`` generator steps during training). Every random draw comes
+from a seeded generator of its own or a forked RNG: same seed, same numbers, and measuring during
+training never moves the run's random streams.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 import warnings
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities import dim_zero_cat
@@ -53,6 +55,7 @@ class EvalSettings:
     features: str | None = None  # classifier | rotation | inception; None: classifier if labelled
     inception_weights: str | None = None
     cache_dir: str = "~/.cache/gan_patterns"
+    classifier_steps: int = 500  # training steps of a feature classifier (once per dataset, then cached)
     batch_size: int = 250
 
     @classmethod
@@ -61,8 +64,9 @@ class EvalSettings:
         if settings.num_samples < 4 or settings.num_real < 4:
             raise ConfigError(f"num_samples={settings.num_samples}, num_real={settings.num_real}: both must "
                               "be at least 4 (precision/recall looks at each sample's 3 nearest neighbours)")
-        if settings.batch_size < 1:
-            raise ConfigError(f"batch_size={settings.batch_size}: it must be >= 1")
+        if settings.batch_size < 1 or settings.classifier_steps < 1:
+            raise ConfigError(f"batch_size={settings.batch_size}, classifier_steps={settings.classifier_steps}: "
+                              "both must be >= 1")
         if settings.features not in (None, *FEATURES):
             raise ConfigError(f"features={settings.features}: use {' | '.join(FEATURES)}")
         return settings
@@ -89,13 +93,16 @@ def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, flo
 
 
 class MixtureMetrics(nn.Module):
+    """:func:`mixture_metrics` for one mixture, with the ``score`` interface of :class:`ImageMetrics`;
+    the means are a buffer, so they follow ``.to(device)``."""
+
     def __init__(self, means: Tensor, std: float):
         super().__init__()
         self.register_buffer("means", means)
         self.std = std
 
     def score(self, samples: Tensor, seed: int = 0) -> dict[str, Any]:
-        return mixture_metrics(samples, self.means, self.std)
+        return mixture_metrics(samples, self.means, self.std)  # deterministic: the seed is not needed
 
 
 # --- images --------------------------------------------------------------------------------------
@@ -134,9 +141,11 @@ class ImageMetrics(nn.Module):
     image again. :meth:`score` then only embeds the generated images.
     """
 
-    def __init__(self, extractor: FeatureExtractor, k: int = 3):
+    def __init__(self, extractor: FeatureExtractor, k: int = 3, kid_subset_size: int = KID_SUBSET_SIZE,
+                 batch_size: int = 250):
         super().__init__()
         self.extractor, self.k = extractor, k
+        self.kid_subset_size, self.batch_size = kid_subset_size, batch_size
         # The one extractor instance is FID's and KID's `feature`: one feature space by construction.
         # reset_real_features=False: reset() before each score forgets only the generated images.
         # sync_on_compute=False: scored on one process, with no collective call for others to join.
@@ -144,28 +153,30 @@ class ImageMetrics(nn.Module):
         self.fid = FrechetInceptionDistance(**options)
         with warnings.catch_warnings():  # "will save all extracted features": wanted, for precision/recall
             warnings.filterwarnings("ignore", message=".*will save all extracted features.*")
-            self.kid = KernelInceptionDistance(subset_size=KID_SUBSET_SIZE, **options)
+            self.kid = KernelInceptionDistance(subset_size=kid_subset_size, **options)
         self.fid.persistent(True)
         self.kid.persistent(True)
 
-    def add_real(self, images: Tensor, batch_size: int = 250) -> None:
-        self.update(images, real=True, batch_size=batch_size)
+    def add_real(self, images: Tensor) -> None:
+        self.embed(images, real=True)
 
-    def update(self, images: Tensor, real: bool, batch_size: int) -> None:
+    def embed(self, images: Tensor, real: bool) -> None:
+        """Pass ``images`` through the extractor into FID's and KID's states."""
         with evaluating(self.extractor):
-            for batch in images.split(batch_size):
+            for batch in images.split(self.batch_size):
                 self.fid.update(batch, real=real)
                 self.kid.update(batch, real=real)
 
-    def score(self, fake: Tensor, seed: int = 0, batch_size: int = 250) -> dict[str, Any]:
+    def score(self, fake: Tensor, seed: int = 0) -> dict[str, Any]:
+        """The metrics of generated images ``fake`` against the real ones; ``seed`` picks KID's subsets."""
         if int(self.fid.real_features_num_samples) == 0:
             raise RuntimeError("ImageMetrics.score before add_real: there is nothing to compare with")
         self.fid.reset()
         self.kid.reset()
-        self.update(fake, real=False, batch_size=batch_size)
+        self.embed(fake, real=False)
         # KID's own stored features: the same embeddings, without a third pass through the extractor.
         real_features, fake_features = dim_zero_cat(self.kid.real_features), dim_zero_cat(self.kid.fake_features)
-        self.kid.subset_size = min(KID_SUBSET_SIZE, len(real_features), len(fake_features))
+        self.kid.subset_size = min(self.kid_subset_size, len(real_features), len(fake_features))
         with torch.random.fork_rng(devices=[]):  # KID draws its subsets from the global CPU generator
             torch.manual_seed(seed)
             kid, _ = self.kid.compute()
@@ -226,9 +237,10 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
         extractor = inception_features(settings.inception_weights).to(device)
     else:
         extractor = classifier_features(features, data_id(data_cfg), images,
-                                        labels if features == "classifier" else None, settings.cache_dir)
-    metrics = ImageMetrics(extractor).to(device)
-    metrics.add_real(images, settings.batch_size)
+                                        labels if features == "classifier" else None, settings.cache_dir,
+                                        settings.classifier_steps)
+    metrics = ImageMetrics(extractor, batch_size=settings.batch_size).to(device)
+    metrics.add_real(images)
     return metrics
 
 
@@ -238,7 +250,7 @@ def generate_samples(module: GANModule, num_samples: int, seed: int, batch_size:
     """``num_samples`` samples of the module's sampling generator (the EMA copy when it has one).
 
     Noise comes from a generator seeded with ``seed`` on the CPU (the same noise on any device) and
-    labels of a conditional generator cycle through the classes, as balanced as the real data.
+    labels of a conditional generator cycle through the classes, so each class gets an even share.
     Images are rounded to 8 bits (:func:`quantize`).
     """
     noise = torch.randn(num_samples, module.z_dim, generator=torch.Generator().manual_seed(seed))
@@ -259,6 +271,11 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
     return {f"metrics/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))}
 
 
+def own_rng(device: torch.device) -> AbstractContextManager[Any]:
+    """A forked RNG (CPU, and the device's): measuring during training leaves the run's streams alone."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+
+
 class MetricsLogger(L.Callback):
     """Every ``every`` generator steps: the metrics of fresh samples, to TensorBoard as ``metrics/*``.
 
@@ -267,20 +284,24 @@ class MetricsLogger(L.Callback):
     """
 
     def __init__(self, every: int, settings: EvalSettings, seed: int):
+        if every < 1:
+            raise ConfigError(f"eval.every={every}: a number of generator steps, or 0 for no metrics")
         self.every, self.settings, self.seed = every, settings, seed
         self.metrics: MixtureMetrics | ImageMetrics | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: GANModule) -> None:
         # Built once the module sits on its device; a first run on image data trains the classifier here.
         if trainer.is_global_zero:
-            self.metrics = build_metrics(pl_module.cfg["data"], trainer.datamodule.dataset, self.settings,
-                                         pl_module.device)
+            with own_rng(pl_module.device):  # e.g. building a cached classifier initialises weights
+                self.metrics = build_metrics(pl_module.cfg["data"], trainer.datamodule.dataset,
+                                             self.settings, pl_module.device)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
         step = int(pl_module.counters.g_steps)
         if step % self.every or not trainer.is_global_zero:
             return
-        _, values = sample_and_score(pl_module, self.metrics, self.settings, self.seed)
+        with own_rng(pl_module.device):
+            _, values = sample_and_score(pl_module, self.metrics, self.settings, self.seed)
         logged = scalars(values)
         if pl_module.audit:
             audit.check_plain_numbers(logged)
@@ -290,6 +311,15 @@ class MetricsLogger(L.Callback):
 
 
 # --- python evaluate.py --------------------------------------------------------------------------
+
+def sample_grid(samples: Tensor, num_classes: int) -> Tensor:
+    """The first 64 images; for a conditional generator (labels cycling 0..K-1) 8 per class, a row each."""
+    if not num_classes:
+        return image_grid(samples[:64])
+    per_class = min(8, len(samples) // num_classes)
+    by_class = samples[: per_class * num_classes].unflatten(0, (per_class, num_classes)).transpose(0, 1)
+    return image_grid(by_class.flatten(0, 1), nrow=per_class)
+
 
 def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
     """(run directory, checkpoint file), or a ConfigError saying what is missing."""
@@ -306,15 +336,34 @@ def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
     return run, path
 
 
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device={name}: use auto, cpu, cuda or cuda:<n>") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name}, but torch sees no CUDA device: use device=cpu")
+    return device
+
+
 def load_module(path: Path) -> GANModule:
     """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        hp = ckpt["hyper_parameters"]
+    except Exception as e:  # unpickling a file that is no checkpoint can fail in almost any way
+        raise ConfigError(f"cannot rebuild a GAN from {path}: not a readable checkpoint "
+                          f"({type(e).__name__})") from None
+    if not isinstance(ckpt, dict) or "hyper_parameters" not in ckpt or "state_dict" not in ckpt:
+        raise ConfigError(f"cannot rebuild a GAN from {path}: not a train.py checkpoint")
+    hp = ckpt["hyper_parameters"]
+    try:  # a checkpoint of an older version may lack a config key or hold other weights
         module = GANModule(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
         module.load_state_dict(ckpt["state_dict"])
-    except (OSError, EOFError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as e:
-        raise ConfigError(f"cannot rebuild a GAN from {path}: {str(e).splitlines()[0]}") from None
+    except (KeyError, RuntimeError) as e:
+        raise ConfigError(f"cannot rebuild a GAN from {path}: {type(e).__name__} "
+                          f"{str(e).splitlines()[0]}") from None
     return module
 
 
@@ -325,7 +374,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     """
     run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
     settings = EvalSettings.from_config(cfg)
-    device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(cfg.device)
     module = load_module(ckpt_path).to(device)
     run_cfg = module.cfg
     dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
@@ -338,8 +387,6 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     out = run / "eval"
     out.mkdir(exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-    from torch.utils.tensorboard import SummaryWriter
-
     writer = SummaryWriter(str(run / "tensorboard"))
     if samples.dim() == 2:
         np.savez_compressed(out / "samples.npz", samples=samples.cpu().numpy().astype(np.float32))
@@ -350,7 +397,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
         save_figure(fig, out / "grid.png")
     else:
         np.savez_compressed(out / "samples.npz", samples=to_uint8(samples).cpu().numpy())
-        grid = image_grid(samples[:64], nrow=module.num_classes or None)
+        grid = sample_grid(samples, module.num_classes)
         writer.add_image("eval/grid", grid, step)
         save_image(grid, out / "grid.png")
     for tag, value in scalars(values).items():

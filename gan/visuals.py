@@ -23,6 +23,14 @@ DASHBOARD_LAYOUT = {
         "gradient norms": ["Multiline", ["grad_norm/g", "grad_norm/d"]],
         "augmentation probability": ["Multiline", ["augment/p"]],
     },
+    # Written by gan/metrics.py: during training (eval.every) and by evaluate.py.
+    "metrics": {
+        "FID": ["Multiline", ["metrics/fid"]],
+        "KID": ["Multiline", ["metrics/kid"]],
+        "precision and recall": ["Multiline", ["metrics/precision", "metrics/recall"]],
+        "modes captured": ["Multiline", ["metrics/modes"]],
+        "high quality and reverse KL": ["Multiline", ["metrics/high_quality", "metrics/reverse_kl"]],
+    },
 }
 
 
@@ -38,7 +46,8 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
-    """The HPARAMS tab: every config value, with the final losses as its metric columns.
+    """The HPARAMS tab: every config value, with the final losses and the data's metrics
+    (``metrics/*``, from ``eval.every`` or evaluate.py) as its metric columns.
 
     Written directly rather than through Lightning's ``log_hyperparams(params, metrics)``, which would
     log a placeholder value for each metric at step 0.
@@ -46,11 +55,14 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
     from torch.utils.tensorboard.summary import hparams
 
     config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths")}
-    for summary in hparams(flatten(config), {"loss/d": float("nan"), "loss/g": float("nan")}):
+    two_d = cfg["data"]["name"] in ("ring", "grid")
+    metrics = ("modes", "high_quality", "reverse_kl") if two_d else ("fid", "kid", "precision", "recall")
+    columns = {tag: float("nan") for tag in ("loss/d", "loss/g", *(f"metrics/{m}" for m in metrics))}
+    for summary in hparams(flatten(config), columns):
         writer.file_writer.add_summary(summary)
 
 
-def image_grid(images: Tensor, nrow: int | None = None, min_width: int = 256) -> Tensor:
+def image_grid(images: Tensor, nrow: int | None = None, min_width: int = 512) -> Tensor:
     """[-1, 1] images -> one (C, H, W) grid in [0, 1], upscaled (nearest) to at least ``min_width``."""
     nrow = nrow or int(np.ceil(np.sqrt(len(images))))
     grid = make_grid(images.float().cpu().clamp(-1, 1), nrow=nrow, normalize=True, value_range=(-1, 1),

@@ -1,0 +1,136 @@
+"""evaluate.py end to end on the session's tiny runs, and metrics logged during training."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, read_events, run_train
+
+IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
+MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
+
+
+@pytest.fixture(scope="session")
+def feature_cache(tmp_path_factory) -> Path:
+    """The classifier cache test_metrics.py uses too: the digits classifier trains once per session."""
+    return tmp_path_factory.getbasetemp() / "feature_cache"
+
+
+def run_evaluate(*overrides: str) -> int:
+    """Run evaluate.py's real Hydra main in-process; returns its exit code."""
+    import evaluate
+
+    argv = sys.argv
+    sys.argv = ["evaluate.py", *overrides]
+    try:
+        evaluate.main()
+        return 0
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = argv
+
+
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    """A private copy: evaluating writes into the run, and the session's runs are shared."""
+    return Path(shutil.copytree(run, tmp_path / run.name))
+
+
+def snapshot(directory: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every directory (None) under ``directory``."""
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
+            for p in sorted(directory.rglob("*"))}
+
+
+def test_digits_run_evaluation_writes_files_tensorboard_and_repeats_exactly(digits_run, feature_cache, tmp_path):
+    run = copy_run(digits_run, tmp_path)
+    args = [f"run_dir={run}", "num_samples=200", f"cache_dir={feature_cache}"]
+    assert run_evaluate(*args) == 0
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    assert IMAGE_KEYS <= set(metrics) and metrics["features"] == "classifier"
+    assert metrics["step"] == 6 and metrics["num_samples"] == 200
+    assert all(isinstance(metrics[k], float) for k in ("fid", "kid", "precision", "recall"))
+    samples = np.load(run / "eval" / "samples.npz")["samples"]
+    assert samples.dtype == np.uint8 and samples.shape == (200, 1, 16, 16)
+    assert (run / "eval" / "grid.png").stat().st_size > 500
+
+    events = read_events(run / "tensorboard")
+    assert [(e.step, e.value) for e in events.Scalars("metrics/fid")] == [(6, pytest.approx(metrics["fid"]))]
+    assert [e.step for e in events.Images("eval/grid")] == [6]
+
+    first = (run / "eval" / "metrics.json").read_bytes()
+    assert run_evaluate(*args) == 0
+    assert (run / "eval" / "metrics.json").read_bytes() == first  # same seed, same numbers
+    assert run_evaluate(*args, "seed=1") == 0
+    assert json.loads((run / "eval" / "metrics.json").read_text())["fid"] != metrics["fid"]
+
+
+def test_ring_run_evaluation_by_the_mode_protocol(ring_run, tmp_path):
+    run = copy_run(ring_run, tmp_path)
+    assert run_evaluate(f"run_dir={run}", f"ckpt={run / 'checkpoints' / 'step_000003.ckpt'}") == 0
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    assert MIXTURE_KEYS <= set(metrics) and metrics["modes_total"] == 8 and metrics["step"] == 3
+    assert 0 <= metrics["modes"] <= 8 and 0.0 <= metrics["high_quality"] <= 1.0
+    samples = np.load(run / "eval" / "samples.npz")["samples"]
+    assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # DESIGN.md section 3: 2,500
+    assert (run / "eval" / "grid.png").stat().st_size > 1000
+    assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/modes")] == [3]
+
+
+def test_bad_input_exits_with_one_line_and_writes_nothing(digits_run, tmp_path, monkeypatch, capsys):
+    run = copy_run(digits_run, tmp_path)
+    monkeypatch.chdir(tmp_path)  # Hydra's own output would land here
+    before = snapshot(tmp_path)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # no Inception weights, no download
+    cases = {
+        "run_dir is required": [],
+        "is not a directory": [f"run_dir={tmp_path / 'missing'}"],
+        "is not a training run": [f"run_dir={run / 'checkpoints'}"],
+        "does not exist": [f"run_dir={run}", f"ckpt={run / 'checkpoints' / 'nope.ckpt'}"],
+        "cannot rebuild a GAN": [f"run_dir={run}", f"ckpt={run / '.hydra' / 'config.yaml'}"],
+        "no Inception weights": [f"run_dir={run}", "features=inception"],
+        "at least 4": [f"run_dir={run}", "num_samples=2"],
+    }
+    for expected, args in cases.items():
+        capsys.readouterr()
+        assert run_evaluate(*args) == 2, expected
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert snapshot(tmp_path) == before
+
+
+def test_cli_runs_as_a_script_and_leaves_no_clutter(ring_run, tmp_path):
+    run = copy_run(ring_run, tmp_path / "runs")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"run_dir={run}", "num_samples=500"],
+                         cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "modes" in out.stdout and (run / "eval" / "metrics.json").is_file()
+    assert list(cwd.iterdir()) == []  # no outputs/, no .hydra/, no log file
+
+
+def test_metrics_during_training_are_logged_and_do_not_change_training(digits_run, feature_cache, tmp_path):
+    run = tmp_path / "digits_with_metrics"
+    assert run_train(run, "eval.every=3", "eval.num_samples=64", f"eval.cache_dir={feature_cache}") == 0
+    events = read_events(run / "tensorboard")
+    for tag in ("metrics/fid", "metrics/kid", "metrics/precision", "metrics/recall"):
+        assert [e.step for e in events.Scalars(tag)] == [3, 6], tag
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+    assert {"metrics/fid", "metrics/precision"} <= {m.name.tag for m in experiment.metric_infos}
+    # Measuring draws its own seeded noise in a forked RNG and samples in eval mode: the run trains
+    # exactly as the one without metrics did.
+    with_metrics = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    without = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert with_metrics.keys() == without.keys()
+    assert all(torch.equal(with_metrics[k], without[k]) for k in without)

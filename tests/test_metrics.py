@@ -1,0 +1,219 @@
+"""gan/metrics.py and gan/features.py on constructed inputs whose answers are known."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from gan.data import build_dataset, mixture_means
+from gan.errors import ConfigError
+from gan.features import FeatureExtractor, classifier_features, inception_features, read_verified, rotations
+from gan.metrics import (
+    EvalSettings,
+    ImageMetrics,
+    build_metrics,
+    knn_precision_recall,
+    mixture_metrics,
+    quantize,
+    real_images,
+)
+
+RING, RING_STD = mixture_means("ring"), 0.01
+GRID, GRID_STD = mixture_means("grid"), 0.05
+
+
+@pytest.fixture(scope="session")
+def feature_cache(tmp_path_factory):
+    """One classifier cache for the session: test_evaluate.py names the same folder, so it trains once."""
+    return tmp_path_factory.getbasetemp() / "feature_cache"
+
+
+# --- 2D mixtures ---------------------------------------------------------------------------------
+
+def test_samples_on_five_of_eight_ring_means():
+    samples = RING[[0, 1, 2, 4, 6]].repeat(500, 1)  # 2,500 samples exactly on 5 means
+    assert mixture_metrics(samples, RING, RING_STD) == {
+        "modes": 5, "modes_total": 8, "high_quality": 1.0, "reverse_kl": pytest.approx(math.log(8 / 5))}
+
+
+def test_uniform_over_all_modes_has_zero_reverse_kl():
+    generator = torch.Generator().manual_seed(0)
+    for means, std in ((RING, RING_STD), (GRID, GRID_STD)):
+        samples = means.repeat(100, 1) + std * torch.randn(100 * len(means), 2, generator=generator)
+        result = mixture_metrics(samples, means, std)
+        assert result["modes"] == result["modes_total"] == len(means)
+        assert result["reverse_kl"] == pytest.approx(0.0, abs=1e-12)  # every mode holds exactly 100
+        assert result["high_quality"] > 0.97  # 3 std of a 2D Gaussian hold 98.9 %
+
+
+def test_all_samples_in_one_mode_give_log_k():
+    result = mixture_metrics(GRID[[7]].repeat(2500, 1), GRID, GRID_STD)
+    assert result["modes"] == 1 and result["reverse_kl"] == pytest.approx(math.log(25))
+
+
+def test_points_far_from_every_mean_are_not_high_quality():
+    between = (RING + RING.roll(1, dims=0)) / 2  # midway between neighbouring ring means
+    result = mixture_metrics(between.repeat(300, 1), RING, RING_STD)
+    assert result["high_quality"] == 0.0 and result["modes"] == 0
+
+
+def test_high_quality_threshold_is_three_std():
+    inside, outside = GRID[0] + torch.tensor([2.9 * GRID_STD, 0.0]), GRID[0] + torch.tensor([0.0, 3.1 * GRID_STD])
+    assert mixture_metrics(torch.stack([inside, outside]), GRID, GRID_STD)["high_quality"] == 0.5
+
+
+# --- images: FID, KID, precision/recall on constructed features ----------------------------------
+
+def flat_metrics() -> ImageMetrics:
+    """ImageMetrics whose "images" are (N, 8, 1, 1) tensors and whose features are those 8 numbers."""
+    return ImageMetrics(FeatureExtractor("flat", nn.Flatten(), 8))
+
+
+def test_fid_is_zero_against_itself_and_grows_with_a_shift():
+    features = torch.randn(200, 8, 1, 1, generator=torch.Generator().manual_seed(0))
+    metrics = flat_metrics()
+    metrics.add_real(features)
+    same = metrics.score(features)
+    assert same["fid"] == pytest.approx(0.0, abs=1e-3)
+    assert same["precision"] == same["recall"] == 1.0
+    fids = [metrics.score(features + shift)["fid"] for shift in (0.1, 0.5, 1.0)]
+    assert fids[0] < fids[1] < fids[2]
+    # Same covariance, means apart by `shift` in each of 8 dimensions: FID = 8 shift^2.
+    assert fids[2] == pytest.approx(8.0, rel=1e-3)
+
+
+def test_kid_is_near_zero_for_one_distribution_and_reproducible_per_seed():
+    generator = torch.Generator().manual_seed(1)
+    real, fake = torch.randn(2, 300, 8, 1, 1, generator=generator)  # two draws of one distribution
+    metrics = ImageMetrics(FeatureExtractor("flat", nn.Flatten(), 8), kid_subset_size=100)
+    metrics.add_real(real)
+    same = [metrics.score(fake, seed=s) for s in (0, 0, 1)]
+    assert abs(same[0]["kid"]) < 0.02 and same[0]["fid"] < 0.3
+    assert same[0] == same[1] and same[0]["kid"] != same[2]["kid"]  # KID's random subsets follow the seed
+    assert metrics.score(fake + 1.0)["kid"] > 1.0
+
+
+def test_precision_and_recall_of_known_sets():
+    generator = torch.Generator().manual_seed(0)
+    real = torch.randn(500, 4, generator=generator)
+    assert knn_precision_recall(real, real.clone()) == (1.0, 1.0)
+    assert knn_precision_recall(real, real + 100.0) == (0.0, 0.0)
+    # Fakes cover only the real points with a positive first coordinate: all realistic, half the data.
+    half = real[real[:, 0] > 0]
+    precision, recall = knn_precision_recall(real, half)
+    assert precision == 1.0 and 0.4 < recall < 0.7
+
+
+def test_saved_state_reloads_without_recomputing_real_features():
+    generator = torch.Generator().manual_seed(0)
+    real, fake = torch.randn(300, 8, 1, 1, generator=generator), torch.randn(200, 8, 1, 1, generator=generator) + 0.3
+    metrics = flat_metrics()
+    metrics.add_real(real)
+    expected = metrics.score(fake)
+    state = metrics.state_dict()
+    assert {"fid.real_features_sum", "fid.real_features_cov_sum", "kid.real_features"} <= set(state)
+
+    fresh = flat_metrics()
+    seen: list[int] = []
+    fresh.extractor.register_forward_hook(lambda module, inputs, output: seen.append(len(inputs[0])))
+    fresh.load_state_dict(state)
+    assert fresh.score(fake) == expected
+    assert sum(seen) == 2 * len(fake)  # FID's and KID's pass over the fakes; no real image was embedded
+
+
+def test_score_without_real_images_is_an_error():
+    with pytest.raises(RuntimeError, match="add_real"):
+        flat_metrics().score(torch.randn(10, 8, 1, 1))
+
+
+# --- feature spaces ------------------------------------------------------------------------------
+
+def digits(image_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    return real_images(build_dataset({"name": "digits", "image_size": image_size, "channels": 1}, 0), 10000)
+
+
+def test_digits_classifier_reaches_95_percent_and_is_cached_with_checksum(feature_cache):
+    images, labels = digits()
+    extractor = classifier_features("classifier", "digits", images, labels, str(feature_cache))
+    path = feature_cache / "classifier-digits-1x16x16.pt"
+    accuracy = read_verified(path)["accuracy"]
+    print(f"digits classifier test accuracy: {accuracy:.2%}")
+    assert accuracy >= 0.95
+    assert (feature_cache / "classifier-digits-1x16x16.pt.sha256").read_text().endswith(f"  {path.name}\n")
+    with torch.no_grad():
+        features = extractor(images[:10])
+    assert features.shape == (10, extractor.num_features) and extractor.name == "classifier"
+    assert not features.requires_grad and features.grad_fn is None
+    # Loaded again from the cache: the same feature space.
+    again = classifier_features("classifier", "digits", images, labels, str(feature_cache))
+    with torch.no_grad():
+        assert torch.equal(again(images[:10]), features)
+
+
+def test_corrupted_or_unverified_cache_is_refused(feature_cache, tmp_path):
+    images, labels = digits()
+    classifier_features("classifier", "digits", images, labels, str(feature_cache))  # trained or cached
+    for name in ("classifier-digits-1x16x16.pt", "classifier-digits-1x16x16.pt.sha256"):
+        shutil.copy(feature_cache / name, tmp_path / name)
+    cached = tmp_path / "classifier-digits-1x16x16.pt"
+    data = bytearray(cached.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="does not match its checksum.*delete both files"):
+        classifier_features("classifier", "digits", images, labels, str(tmp_path))
+    (tmp_path / "classifier-digits-1x16x16.pt.sha256").unlink()
+    with pytest.raises(ConfigError, match="checksum"):
+        classifier_features("classifier", "digits", images, labels, str(tmp_path))
+
+
+def test_unlabelled_images_default_to_rotation_features(tmp_path):
+    images, _ = digits(image_size=8)
+    unlabelled = TensorDataset(images, torch.full((len(images),), -1))
+    data_cfg = {"name": "folder", "path": str(tmp_path)}
+    settings = EvalSettings(num_samples=50, cache_dir=str(tmp_path / "cache"), classifier_steps=150)
+    metrics = build_metrics(data_cfg, unlabelled, settings)
+    assert metrics.extractor.name == "rotation"
+    accuracy = read_verified(next((tmp_path / "cache").glob("rotation-folder-*-1x8x8.pt")))["accuracy"]
+    print(f"digits rotation task test accuracy: {accuracy:.2%}")
+    assert accuracy > 0.6  # chance is 25 %; a 0, 1 or 8 looks much the same upside down
+    result = metrics.score(quantize(images[:50]))
+    assert result["features"] == "rotation" and result["precision"] == 1.0
+    with pytest.raises(ConfigError, match="features=classifier needs class labels"):
+        build_metrics(data_cfg, unlabelled, EvalSettings(features="classifier", cache_dir=str(tmp_path)))
+
+
+def test_rotations_are_labelled_by_quarter_turns():
+    image = torch.arange(4.0).view(1, 1, 2, 2)
+    rotated, labels = rotations(image)
+    assert labels.tolist() == [0, 1, 2, 3]
+    assert torch.equal(rotated[2], image[0].flip(1, 2))  # two quarter turns: upside down
+
+
+def test_inception_offline_stops_with_where_to_put_the_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty torch.hub cache: nothing to find
+    expected = tmp_path / "hub" / "checkpoints" / "weights-inception-2015-12-05-6726825d.pth"
+    with pytest.raises(ConfigError) as error:
+        inception_features()
+    message = str(error.value)
+    assert str(expected) in message and "https://github.com/toshas/torch-fidelity/releases" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match="no Inception weights at /nonexistent/inception.pth"):
+        inception_features("/nonexistent/inception.pth")
+    assert not list(tmp_path.rglob("*"))  # nothing was downloaded
+
+
+def test_feature_spaces_are_for_images_only():
+    with pytest.raises(ConfigError, match="features=classifier is for images; data=ring"):
+        build_metrics({"name": "ring", "std": RING_STD}, TensorDataset(RING), EvalSettings(features="classifier"))
+
+
+def test_settings_are_validated():
+    with pytest.raises(ConfigError, match="features=vgg"):
+        EvalSettings.from_config({**EvalSettings().__dict__, "features": "vgg"})
+    with pytest.raises(ConfigError, match="at least 4"):
+        EvalSettings.from_config({**EvalSettings().__dict__, "num_samples": 1})
