@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-import sys
+import os
+
+# Idle OpenMP threads sleep instead of spinning: the suite starts subprocesses (DDP ranks, a killed run)
+# beside itself on 2 cores, and spinning thread pools slow small ops 10-400x under such load.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import sys  # noqa: E402
 from pathlib import Path
 
 import pytest
@@ -31,7 +37,8 @@ def run_train(run_dir: Path, *overrides: str) -> int:
     import train
 
     argv = sys.argv
-    sys.argv = ["train.py", *TINY, f"hydra.run.dir={run_dir}", *overrides]
+    flags = [o for o in overrides if o.startswith("-")]  # e.g. -m: Hydra's flags come before overrides
+    sys.argv = ["train.py", *flags, *TINY, f"hydra.run.dir={run_dir}", *(o for o in overrides if o not in flags)]
     try:
         train.main()
         return 0

@@ -132,3 +132,16 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     out = subprocess.run(command[:3] + ["trainer.strategy=ddp", f"hydra.run.dir={tmp_path}/plain"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "use trainer=ddp" in out.stderr
+
+
+def test_multirun_gives_one_run_directory_each(tmp_path):
+    code = run_train(tmp_path / "unused", "-m", "loss=nonsaturating,hinge", "seed=1",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.max_steps=2")
+    assert code == 0
+    runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert len(runs) == 2  # named <job number>_<the job's overrides>
+    assert runs[0].startswith("0_") and "loss=nonsaturating" in runs[0] and "seed=1" in runs[0]
+    assert runs[1].startswith("1_") and "loss=hinge" in runs[1]
+    for run in runs:
+        assert (tmp_path / "sweep" / run / "checkpoints" / "last.ckpt").is_file()
+        assert "loss/d" in read_events(tmp_path / "sweep" / run / "tensorboard").Tags()["scalars"]
