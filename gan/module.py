@@ -202,6 +202,9 @@ class GANModule(L.LightningModule):
         # Applied at the first batch, not now: Lightning draws random numbers while it sets up.
         self._pending_rng = checkpoint.get("rng")
 
+    def on_train_start(self) -> None:
+        self.separate_rank_streams()
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._pending_rng is not None:
             state, self._pending_rng = self._pending_rng, None
@@ -210,6 +213,14 @@ class GANModule(L.LightningModule):
                 torch.cuda.set_rng_state_all(state["cuda"])
             np.random.set_state(plain_to_numpy_state(state["numpy"]))
             random.setstate(state["python"])
+            self.separate_rank_streams()  # the checkpoint holds rank 0's streams only
+
+    def separate_rank_streams(self) -> None:
+        """Under DDP every rank starts from the same seed (and a resume restores rank 0's state on all
+        of them); reseed ranks > 0 so the global batch of fakes is not world_size copies of one.
+        Rank 0 keeps its stream: a single-process run is unaffected."""
+        if self.global_rank > 0:
+            torch.manual_seed(int(torch.randint(2**62, ())) + self.global_rank)
 
 
 def grad_norm(module: nn.Module) -> float:
