@@ -172,13 +172,16 @@ class GANModule(L.LightningModule):
     # --- logging ---------------------------------------------------------------------------------
 
     def log_scalars(self, values: dict[str, float]) -> None:
-        """Log plain numbers at the current generator step (TensorBoard's x axis is G steps)."""
+        """Plain numbers to the loggers at the current generator step (TensorBoard's x axis is G steps).
+
+        Straight to ``logger.log_metrics`` rather than ``self.log``: Lightning's step would count
+        batches from 0, and a value logged once would be written again at every later step.
+        """
         if self.audit:
             audit.check_plain_numbers(values)
-        for name, value in values.items():
-            self.log(name, value, prog_bar=name.startswith("loss/"))
-        # Lightning's own step counts batches from 0; "step" makes the x axis the G-step counter.
-        self.log("step", float(self.counters.g_steps))
+        for logger in self.loggers:
+            logger.log_metrics(values, step=int(self.counters.g_steps))
+        self.log_dict({k: v for k, v in values.items() if k.startswith("loss/")}, prog_bar=True, logger=False)
 
     # --- optimizers and checkpoints --------------------------------------------------------------
 

@@ -84,6 +84,8 @@ def test_resume_continues_from_saved_step(digits_run, tmp_path):
 def test_ring_run_writes_scatter_plots(ring_run):
     events = read_events(ring_run / "tensorboard")
     assert [e.step for e in events.Images("samples/scatter")] == [3, 6]
+    # log.every=2: one point every second generator step, each written once.
+    assert [e.step for e in events.Scalars("loss/d")] == [2, 4, 6]
     assert (ring_run / "samples" / "step_000006.png").stat().st_size > 1000
     ckpt = torch.load(ring_run / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["state_dict"]["sample_noise"].shape == (2500, 64)
