@@ -1,5 +1,5 @@
 """Score a trained run: `python evaluate.py run_dir=<run> [ckpt=<file>] [num_samples=<N>] [seed=<S>]
-[features=classifier|rotation|inception]`; writes <run>/eval/ and the run's TensorBoard."""
+[features=classifier|rotation|inception] [ema=true|false]`; writes <run>/eval/ and the run's TensorBoard."""
 
 import sys
 from pathlib import Path

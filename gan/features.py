@@ -11,6 +11,12 @@
 * ``inception``: the standard FID space, Inception-v3 pool3 (2,048 features) with torch-fidelity's
   weights, run by torchmetrics. Nothing is downloaded: the weights file must already be on disk.
 
+Only the ``classifier`` space keeps its network's head (a linear layer from the features to logits
+over the dataset's classes): conditional runs use it to ask whether a sample shows the class it was
+generated for. The rotation head predicts quarter turns and Inception's ImageNet classes are not the
+dataset's, so those spaces have no class head, and conditional runs get per-class FID there but no
+class accuracy.
+
 A trained classifier is the identity of its feature space -- FIDs are comparable only within one -- so
 it is trained once per dataset and image size with a fixed seed, and cached on disk next to a SHA-256
 checksum in ``sha256sum`` format. A file that fails its checksum is an error, not a silent retrain: a
@@ -46,12 +52,13 @@ class FeatureExtractor(nn.Module):
     """A frozen network from [-1, 1] images (N, C, H, W) to features (N, num_features).
 
     ``num_features`` is read by torchmetrics' FID, which otherwise pushes a dummy 299x299 image
-    through the network to find it.
+    through the network to find it. ``head``, when given, maps features to logits over the dataset's
+    classes (the trained classifier's last layer); ``None`` where the network was not trained on them.
     """
 
-    def __init__(self, name: str, net: nn.Module, num_features: int):
+    def __init__(self, name: str, net: nn.Module, num_features: int, head: nn.Module | None = None):
         super().__init__()
-        self.name, self.net, self.num_features = name, net, num_features
+        self.name, self.net, self.num_features, self.head = name, net, num_features, head
         self.requires_grad_(False)
         self.eval()
 
@@ -162,7 +169,9 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
               f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
         write_verified(path, {"state_dict": net.state_dict(), "num_classes": net.head.out_features,
                               "width": net.width, "accuracy": accuracy})
-    return FeatureExtractor(kind, net.body, net.num_features).to(images.device)
+    # The head is kept only where it predicts the dataset's classes: the rotation head predicts turns.
+    head = net.head if kind == "classifier" else None
+    return FeatureExtractor(kind, net.body, net.num_features, head).to(images.device)
 
 
 def write_verified(path: Path, payload: dict[str, Any]) -> None:

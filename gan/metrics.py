@@ -4,6 +4,12 @@
   fraction (within 3 std of a mean) and ``reverse_kl`` of the mode shares from uniform.
 * Images: ``fid`` and ``kid`` from torchmetrics and k-NN ``precision`` / ``recall`` (Kynkäänniemi et
   al. 2019, k = 3), all in one feature space (gan/features.py), named by ``features``.
+* Class-conditional generators, besides those: ``class_accuracy``, the share of samples recognised as
+  the class they were generated for, and ``per_class``: {"<label>": {...}} with each class's
+  ``accuracy`` and, for images, its ``fid`` against the real images of that class. 2D mixtures'
+  labels are mode indices, so "recognised" means "nearest to that mode's mean"; images are recognised
+  by the feature classifier's head, which only the ``classifier`` space has (rotation and Inception
+  spaces give per-class FID but no accuracy).
 
 Samples come from :meth:`GANModule.generate`, the one evaluation context (eval mode, no_grad, state
 restored), in both places that measure: :func:`evaluate_run` (``python evaluate.py``) and
@@ -44,6 +50,14 @@ from gan.visuals import image_grid, real_points_for_plot, save_figure, scatter_f
 
 FEATURES = ("classifier", "rotation", "inception")
 KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
+# Per-class FID only where the class has at least this many generated and this many real images. FID
+# fits a mean and a covariance to each set, and its estimate is biased upward by a term that shrinks
+# like 1/N (Chong & Forsyth 2020). Measured in the digits classifier space (128 features): two disjoint
+# draws of one real class score 39 at 10 images each, 15 at 25, 8.0 at 50, 3.9 at 90, where two
+# different digits score hundreds. Below 50 that floor is a large part of the number; above, it is
+# small but not zero, so compare per-class FIDs between similar counts (balanced labels give the
+# generated side equal counts; real classes are as the data has them).
+MIN_CLASS_SAMPLES = 50
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, flo
     quality sample belongs to it; ``reverse_kl`` = sum_k p_k log(K p_k) over the shares p_k of all
     samples (empty modes add 0): 0 when the samples spread evenly over the modes.
     """
-    distance, nearest = torch.cdist(samples.double(), means.to(samples.device).double()).min(dim=1)
+    distance, nearest = nearest_mean(samples, means)
     high_quality = distance <= 3 * std
     num_modes = len(means)
     captured = torch.bincount(nearest[high_quality], minlength=num_modes) > 0
@@ -90,6 +104,26 @@ def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, flo
     return {"modes": int(captured.sum()), "modes_total": num_modes,
             "high_quality": high_quality.double().mean().item(),
             "reverse_kl": (present * (num_modes * present).log()).sum().item()}
+
+
+def nearest_mean(samples: Tensor, means: Tensor) -> tuple[Tensor, Tensor]:
+    """(distance to the nearest mean, its index) of each sample."""
+    return torch.cdist(samples.double(), means.to(samples.device).double()).min(dim=1)
+
+
+def class_accuracy(predicted: Tensor, labels: Tensor) -> dict[str, Any]:
+    """How often a conditional generator's samples are recognised as the class they were generated for.
+
+    ``predicted``: the recognised class of each sample; ``labels``: the class it was generated for.
+    Returns ``class_accuracy`` over all samples and ``per_class``: {"<label>": {"num_samples",
+    "accuracy"}} for every label present (a share, so classes of unequal counts still compare).
+    """
+    correct = predicted.to(labels.device) == labels
+    per_class = {}
+    for label in labels.unique().tolist():
+        mine = labels == label
+        per_class[str(label)] = {"num_samples": int(mine.sum()), "accuracy": correct[mine].double().mean().item()}
+    return {"class_accuracy": correct.double().mean().item(), "per_class": per_class}
 
 
 class MixtureMetrics(nn.Module):
@@ -101,8 +135,14 @@ class MixtureMetrics(nn.Module):
         self.register_buffer("means", means)
         self.std = std
 
-    def score(self, samples: Tensor, seed: int = 0) -> dict[str, Any]:
-        return mixture_metrics(samples, self.means, self.std)  # deterministic: the seed is not needed
+    def score(self, samples: Tensor, seed: int = 0, labels: Tensor | None = None) -> dict[str, Any]:
+        """:func:`mixture_metrics`; with the ``labels`` of a conditional generator (mode indices, as in
+        the data) also :func:`class_accuracy`, a sample counting as right when its nearest mean is the
+        mode it was generated for. Deterministic: the seed is not needed."""
+        values: dict[str, Any] = mixture_metrics(samples, self.means, self.std)
+        if labels is not None:
+            values.update(class_accuracy(nearest_mean(samples, self.means)[1], labels.to(samples.device)))
+        return values
 
 
 # --- images --------------------------------------------------------------------------------------
@@ -133,12 +173,29 @@ def knn_precision_recall(real: Tensor, fake: Tensor, k: int = 3) -> tuple[float,
     return precision, recall
 
 
+def frechet_distance(real: Tensor, fake: Tensor) -> float:
+    """FID between feature sets (N, D) and (M, D): the Fréchet distance of Gaussians fitted to each.
+
+    ||mu_r - mu_f||^2 + tr(S_r) + tr(S_f) - 2 tr((S_r S_f)^(1/2)), in float64. The trace of the matrix
+    square root is the sum of the square roots of the eigenvalues of S_r S_f (real and >= 0 in exact
+    arithmetic; rounding can leave tiny imaginary parts, dropped by ``.real``), the formula torchmetrics
+    uses, so the full sets give ImageMetrics' ``fid`` (a test checks it). Written here for subsets:
+    torchmetrics' FID only holds running sums of all images it was given.
+    """
+    real, fake = real.double(), fake.double()
+    cov_real, cov_fake = torch.cov(real.T), torch.cov(fake.T)
+    mean_term = (real.mean(0) - fake.mean(0)).square().sum()
+    root_trace = torch.linalg.eigvals(cov_real @ cov_fake).sqrt().real.sum()
+    return (mean_term + cov_real.trace() + cov_fake.trace() - 2 * root_trace).item()
+
+
 class ImageMetrics(nn.Module):
     """FID and KID (torchmetrics) and k-NN precision/recall of generated images, in one feature space.
 
     The real images go in once (:meth:`add_real`). Their statistics are the metrics' states, made
     persistent: they are in ``state_dict()``, so a saved ImageMetrics reloads without seeing a real
-    image again. :meth:`score` then only embeds the generated images.
+    image again. :meth:`score` then only embeds the generated images. The real images' labels (-1
+    where unknown) are a buffer too, in the order of KID's stored features: per-class FID needs them.
     """
 
     def __init__(self, extractor: FeatureExtractor, k: int = 3, kid_subset_size: int = KID_SUBSET_SIZE,
@@ -156,8 +213,16 @@ class ImageMetrics(nn.Module):
             self.kid = KernelInceptionDistance(subset_size=kid_subset_size, **options)
         self.fid.persistent(True)
         self.kid.persistent(True)
+        self.register_buffer("real_labels", torch.empty(0, dtype=torch.long))
+        # The saved labels' count is unknown until loading: take their shape first, or
+        # load_state_dict would refuse to copy them into the empty buffer.
+        self.register_load_state_dict_pre_hook(resize_real_labels)
 
-    def add_real(self, images: Tensor) -> None:
+    def add_real(self, images: Tensor, labels: Tensor | None = None) -> None:
+        """Real images (and their class labels, if known) to compare with; may be called repeatedly."""
+        if labels is None:
+            labels = torch.full((len(images),), -1, dtype=torch.long)
+        self.real_labels = torch.cat((self.real_labels, labels.to(self.real_labels.device)))
         self.embed(images, real=True)
 
     def embed(self, images: Tensor, real: bool) -> None:
@@ -167,8 +232,12 @@ class ImageMetrics(nn.Module):
                 self.fid.update(batch, real=real)
                 self.kid.update(batch, real=real)
 
-    def score(self, fake: Tensor, seed: int = 0) -> dict[str, Any]:
-        """The metrics of generated images ``fake`` against the real ones; ``seed`` picks KID's subsets."""
+    def score(self, fake: Tensor, seed: int = 0, labels: Tensor | None = None) -> dict[str, Any]:
+        """The metrics of generated images ``fake`` against the real ones; ``seed`` picks KID's subsets.
+
+        ``labels``: the class each image was generated for (conditional generators); adds
+        :meth:`class_scores`.
+        """
         if int(self.fid.real_features_num_samples) == 0:
             raise RuntimeError("ImageMetrics.score before add_real: there is nothing to compare with")
         self.fid.reset()
@@ -181,8 +250,42 @@ class ImageMetrics(nn.Module):
             torch.manual_seed(seed)
             kid, _ = self.kid.compute()
         precision, recall = knn_precision_recall(real_features, fake_features, self.k)
-        return {"fid": self.fid.compute().item(), "kid": kid.item(), "precision": precision,
-                "recall": recall, "features": self.extractor.name}
+        values = {"fid": self.fid.compute().item(), "kid": kid.item(), "precision": precision,
+                  "recall": recall, "features": self.extractor.name}
+        if labels is not None:
+            values.update(self.class_scores(real_features, fake_features, labels.to(fake_features.device)))
+        return values
+
+    def class_scores(self, real_features: Tensor, fake_features: Tensor, labels: Tensor) -> dict[str, Any]:
+        """``class_accuracy`` and ``per_class`` of generated images, from features already computed.
+
+        Accuracy needs the feature space's class head (``classifier`` only: see gan/features.py);
+        without one, ``per_class`` holds counts and FIDs alone. Each class's ``fid`` compares its
+        generated images with the real images of that class, when both number at least
+        ``MIN_CLASS_SAMPLES``.
+        """
+        head = self.extractor.head
+        if head is not None:
+            with torch.no_grad():
+                values = class_accuracy(head(fake_features).argmax(dim=1), labels)
+        else:
+            values = {"per_class": {str(label): {"num_samples": int((labels == label).sum())}
+                                    for label in labels.unique().tolist()}}
+        real_labels = self.real_labels.to(real_features.device)
+        for label, entry in values["per_class"].items():
+            real_of_class = real_features[real_labels == int(label)]
+            fake_of_class = fake_features[labels == int(label)]
+            entry["num_real"] = len(real_of_class)
+            if min(len(real_of_class), len(fake_of_class)) >= MIN_CLASS_SAMPLES:
+                entry["fid"] = frechet_distance(real_of_class, fake_of_class)
+        return values
+
+
+def resize_real_labels(module: ImageMetrics, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Before loading a state: give ``real_labels`` the saved tensor's shape (a load_state_dict pre-hook)."""
+    saved = state_dict.get(prefix + "real_labels")
+    if saved is not None:
+        module.real_labels = torch.empty_like(saved, device=module.real_labels.device)
 
 
 def quantize(images: Tensor) -> Tensor:
@@ -240,21 +343,28 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
                                         labels if features == "classifier" else None, settings.cache_dir,
                                         settings.classifier_steps)
     metrics = ImageMetrics(extractor, batch_size=settings.batch_size).to(device)
-    metrics.add_real(images)
+    metrics.add_real(images, labels)
     return metrics
 
 
 # --- sampling and scoring ------------------------------------------------------------------------
 
+def balanced_labels(num_samples: int, num_classes: int) -> Tensor:
+    """Labels cycling 0, 1, ..., K-1, 0, 1, ...: every class gets ``num_samples // K`` samples or one
+    more (exactly equal shares when K divides ``num_samples``). The same for every seed: only the noise
+    follows the seed. Cycling, not blocks, so the first 8 K samples hold 8 of each class for the grid."""
+    return torch.arange(num_samples) % max(num_classes, 1)
+
+
 def generate_samples(module: GANModule, num_samples: int, seed: int, batch_size: int = 250) -> Tensor:
     """``num_samples`` samples of the module's sampling generator (the EMA copy when it has one).
 
-    Noise comes from a generator seeded with ``seed`` on the CPU (the same noise on any device) and
-    labels of a conditional generator cycle through the classes, so each class gets an even share.
-    Images are rounded to 8 bits (:func:`quantize`).
+    Noise comes from a generator seeded with ``seed`` on the CPU (the same noise on any device); a
+    conditional generator gets :func:`balanced_labels` (an unconditional one ignores them). Images are
+    rounded to 8 bits (:func:`quantize`).
     """
     noise = torch.randn(num_samples, module.z_dim, generator=torch.Generator().manual_seed(seed))
-    labels = torch.arange(num_samples) % max(module.num_classes, 1)
+    labels = balanced_labels(num_samples, module.num_classes)
     samples = torch.cat([module.generate(z.to(module.device), y.to(module.device))
                          for z, y in zip(noise.split(batch_size), labels.split(batch_size))])
     return quantize(samples) if samples.dim() == 4 else samples
@@ -262,13 +372,17 @@ def generate_samples(module: GANModule, num_samples: int, seed: int, batch_size:
 
 def sample_and_score(module: GANModule, metrics: MixtureMetrics | ImageMetrics, settings: EvalSettings,
                      seed: int) -> tuple[Tensor, dict[str, Any]]:
+    """Samples of the module's sampling generator and their metrics; a conditional generator's samples
+    are scored per class too, with the labels :func:`generate_samples` gave them."""
     samples = generate_samples(module, settings.num_samples, seed, settings.batch_size)
-    return samples, metrics.score(samples, seed)
+    labels = balanced_labels(settings.num_samples, module.num_classes) if module.num_classes else None
+    return samples, metrics.score(samples, seed, labels)
 
 
-def scalars(values: dict[str, Any]) -> dict[str, float]:
-    """The numeric metrics as plain floats, tagged ``metrics/<name>`` for TensorBoard."""
-    return {f"metrics/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))}
+def scalars(values: dict[str, Any], prefix: str = "metrics") -> dict[str, float]:
+    """The numeric metrics as plain floats, tagged ``<prefix>/<name>`` for TensorBoard (``per_class``,
+    a dict, stays in metrics.json)."""
+    return {f"{prefix}/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))}
 
 
 def own_rng(device: torch.device) -> AbstractContextManager[Any]:
@@ -367,6 +481,22 @@ def load_module(path: Path) -> GANModule:
     return module
 
 
+def choose_generator(module: GANModule, ema: bool) -> tuple[str, str]:
+    """Which generator of a loaded run evaluate.py samples, and the TensorBoard tag prefix of its metrics.
+
+    ``ema=false`` sets the module's EMA copy aside (the module was loaded for this evaluation only), so
+    its ``sampling_generator`` is the raw G of the same checkpoint: same seed, same noise, and the
+    difference in the metrics is the effect of EMA. Returns ("ema" or "G", prefix). ``metrics/*`` is
+    what training logs for the sampling generator -- the EMA copy where the run has one -- so the raw G
+    of such a run logs as ``metrics_G/*``, and the two never mix on one curve.
+    """
+    had_ema = module.ema is not None
+    if not ema:
+        module.ema = None
+    generator = "G" if module.ema is None else "ema"
+    return generator, "metrics_G" if had_ema and generator == "G" else "metrics"
+
+
 def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard.
 
@@ -374,36 +504,49 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     """
     run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
     settings = EvalSettings.from_config(cfg)
+    if not isinstance(cfg.ema, bool):
+        raise ConfigError(f"ema={cfg.ema}: use ema=true (the run's EMA copy, where it has one) or ema=false "
+                          "(the raw generator G)")
     device = pick_device(cfg.device)
     module = load_module(ckpt_path).to(device)
+    generator, tag = choose_generator(module, cfg.ema)
     run_cfg = module.cfg
     dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
     metrics = build_metrics(run_cfg["data"], dataset, settings, device)
     samples, values = sample_and_score(module, metrics, settings, cfg.seed)
     step = int(module.counters.g_steps)
-    result = {**values, "step": step, "num_samples": settings.num_samples, "seed": cfg.seed,
-              "checkpoint": str(ckpt_path.resolve())}
+    # The long per-class table goes last, after the numbers a reader looks for first.
+    headline = {k: v for k, v in values.items() if k != "per_class"}
+    result = {**headline, "generator": generator, "step": step, "num_samples": settings.num_samples,
+              "seed": cfg.seed, "checkpoint": str(ckpt_path.resolve()),
+              **({"per_class": values["per_class"]} if "per_class" in values else {})}
 
     out = run / "eval"
     out.mkdir(exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
     writer = SummaryWriter(str(run / "tensorboard"))
+    grid_tag = "eval/grid" if tag == "metrics" else f"eval/grid_{generator}"
     if samples.dim() == 2:
         np.savez_compressed(out / "samples.npz", samples=samples.cpu().numpy().astype(np.float32))
         fig = scatter_figure(samples, real_points_for_plot(dataset), metrics.means,
                              title=f"step {step}: {values['modes']}/{values['modes_total']} modes, "
                                    f"{values['high_quality']:.0%} high quality")
-        writer.add_figure("eval/grid", fig, step, close=False)
+        writer.add_figure(grid_tag, fig, step, close=False)
         save_figure(fig, out / "grid.png")
     else:
         np.savez_compressed(out / "samples.npz", samples=to_uint8(samples).cpu().numpy())
         grid = sample_grid(samples, module.num_classes)
-        writer.add_image("eval/grid", grid, step)
+        writer.add_image(grid_tag, grid, step)
         save_image(grid, out / "grid.png")
-    for tag, value in scalars(values).items():
-        writer.add_scalar(tag, value, step)
+    for name, value in scalars(values, tag).items():
+        writer.add_scalar(name, value, step)
     writer.close()
-    print(f"{run} at generator step {step}: " + ", ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items()))
+    print(f"{run} at generator step {step} ({generator}): " + ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in headline.items()))
+    if "per_class" in values:
+        print("per class: " + "; ".join(
+            f"{label} " + ", ".join(f"{k} {v:.3g}" for k, v in entry.items() if isinstance(v, float))
+            for label, entry in values["per_class"].items()))
     print(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}")
     return result
+

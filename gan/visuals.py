@@ -28,6 +28,7 @@ DASHBOARD_LAYOUT = {
         "FID": ["Multiline", ["metrics/fid"]],
         "KID": ["Multiline", ["metrics/kid"]],
         "precision and recall": ["Multiline", ["metrics/precision", "metrics/recall"]],
+        "class accuracy (conditional runs)": ["Multiline", ["metrics/class_accuracy"]],
         "modes captured": ["Multiline", ["metrics/modes"]],
         "high quality and reverse KL": ["Multiline", ["metrics/high_quality", "metrics/reverse_kl"]],
     },

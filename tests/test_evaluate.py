@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, read_events, run_train
+from PIL import Image
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
@@ -21,6 +22,23 @@ MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
 def feature_cache(tmp_path_factory) -> Path:
     """The classifier cache test_metrics.py uses too: the digits classifier trains once per session."""
     return tmp_path_factory.getbasetemp() / "feature_cache"
+
+
+@pytest.fixture(scope="session")
+def conditional_digits_run(tmp_path_factory, feature_cache) -> Path:
+    """A 6-step class-conditional digits run (EMA on) that also measures its metrics at step 6."""
+    run_dir = tmp_path_factory.mktemp("runs") / "conditional_digits"
+    assert run_train(run_dir, "model.conditional=true", "eval.every=6", "eval.num_samples=100",
+                     f"eval.cache_dir={feature_cache}") == 0
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def conditional_ring_run(tmp_path_factory) -> Path:
+    """A 6-step class-conditional ring run (labels: mode indices) without an EMA generator."""
+    run_dir = tmp_path_factory.mktemp("runs") / "conditional_ring"
+    assert run_train(run_dir, "data=ring", "model=mlp", "model.conditional=true", "ema.enabled=false") == 0
+    return run_dir
 
 
 def run_evaluate(*overrides: str) -> int:
@@ -97,6 +115,7 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(digits_run, tmp_path, 
         "cannot rebuild a GAN": [f"run_dir={run}", f"ckpt={run / '.hydra' / 'config.yaml'}"],
         "no Inception weights": [f"run_dir={run}", "features=inception"],
         "at least 4": [f"run_dir={run}", "num_samples=2"],
+        "use ema=true": [f"run_dir={run}", "ema=maybe"],
     }
     for expected, args in cases.items():
         capsys.readouterr()
@@ -134,3 +153,56 @@ def test_metrics_during_training_are_logged_and_do_not_change_training(digits_ru
     without = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert with_metrics.keys() == without.keys()
     assert all(torch.equal(with_metrics[k], without[k]) for k in without)
+
+
+def test_ema_false_scores_the_raw_generator_of_the_same_checkpoint(digits_run, feature_cache, tmp_path):
+    run = copy_run(digits_run, tmp_path)
+    args = [f"run_dir={run}", "num_samples=200", f"cache_dir={feature_cache}"]
+    results = {}
+    for ema in ("true", "false"):
+        assert run_evaluate(*args, f"ema={ema}") == 0
+        results[ema] = json.loads((run / "eval" / "metrics.json").read_text())
+    assert results["true"]["generator"] == "ema" and results["false"]["generator"] == "G"
+    # Same seed, same noise: only the weights differ (after 6 steps the EMA copy is close to G, not equal).
+    assert results["true"]["fid"] != results["false"]["fid"]
+    # The raw G's numbers get tags of their own: metrics/* stays the EMA copy's curve.
+    events = read_events(run / "tensorboard")
+    assert [e.value for e in events.Scalars("metrics/fid")] == [pytest.approx(results["true"]["fid"])]
+    assert [e.value for e in events.Scalars("metrics_G/fid")] == [pytest.approx(results["false"]["fid"])]
+    assert [e.step for e in events.Images("eval/grid_G")] == [6]
+
+
+def test_conditional_digits_run_is_scored_per_class(conditional_digits_run, feature_cache, tmp_path):
+    run = copy_run(conditional_digits_run, tmp_path)
+    # 500 balanced samples: 50 per digit, just enough for each class's FID (MIN_CLASS_SAMPLES).
+    assert run_evaluate(f"run_dir={run}", "num_samples=500", f"cache_dir={feature_cache}") == 0
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    assert IMAGE_KEYS <= set(metrics) and metrics["generator"] == "ema"
+    assert 0.0 <= metrics["class_accuracy"] <= 1.0
+    per_class = metrics["per_class"]
+    assert list(per_class) == [str(k) for k in range(10)]
+    for entry in per_class.values():
+        assert entry["num_samples"] == 50 and entry["num_real"] > 150  # digits: about 180 per class
+        assert 0.0 <= entry["accuracy"] <= 1.0 and entry["fid"] > 0.0
+    # Equal shares: the overall accuracy is the mean of the classes' accuracies.
+    assert metrics["class_accuracy"] == pytest.approx(np.mean([e["accuracy"] for e in per_class.values()]))
+    # One row of 8 samples per class: a grid 8 tiles wide and 10 tall (16 px tiles, 2 px padding).
+    width, height = Image.open(run / "eval" / "grid.png").size
+    assert height / width == pytest.approx((10 * 18 + 2) / (8 * 18 + 2))
+    # A plain number on the metrics/* curves: logged during training (eval.every=6) and by evaluate.py.
+    assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/class_accuracy")] == [6, 6]
+
+
+def test_conditional_ring_run_reports_mode_accuracy_and_g_without_ema(conditional_ring_run, tmp_path):
+    run = copy_run(conditional_ring_run, tmp_path)
+    for ema in ("true", "false"):  # no EMA copy to sample: G either way
+        assert run_evaluate(f"run_dir={run}", f"ema={ema}") == 0
+        metrics = json.loads((run / "eval" / "metrics.json").read_text())
+        assert MIXTURE_KEYS <= set(metrics) and metrics["generator"] == "G"
+    assert 0.0 <= metrics["class_accuracy"] <= 1.0
+    per_class = metrics["per_class"]
+    assert list(per_class) == [str(k) for k in range(8)]
+    # 2,500 samples over 8 modes: shares equal up to one sample; no FID for points.
+    assert [e["num_samples"] for e in per_class.values()] == [313] * 4 + [312] * 4
+    assert all(set(e) == {"num_samples", "accuracy"} and 0.0 <= e["accuracy"] <= 1.0 for e in per_class.values())
+    assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/class_accuracy")] == [6, 6]

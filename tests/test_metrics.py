@@ -14,9 +14,13 @@ from gan.data import build_dataset, mixture_means
 from gan.errors import ConfigError
 from gan.features import FeatureExtractor, classifier_features, inception_features, read_verified, rotations
 from gan.metrics import (
+    MIN_CLASS_SAMPLES,
     EvalSettings,
     ImageMetrics,
+    MixtureMetrics,
+    balanced_labels,
     build_metrics,
+    frechet_distance,
     knn_precision_recall,
     mixture_metrics,
     quantize,
@@ -112,18 +116,29 @@ def test_precision_and_recall_of_known_sets():
 def test_saved_state_reloads_without_recomputing_real_features():
     generator = torch.Generator().manual_seed(0)
     real, fake = torch.randn(300, 8, 1, 1, generator=generator), torch.randn(200, 8, 1, 1, generator=generator) + 0.3
+    real_labels, fake_labels = torch.arange(300) % 2, balanced_labels(200, 2)
     metrics = flat_metrics()
-    metrics.add_real(real)
-    expected = metrics.score(fake)
+    metrics.add_real(real, real_labels)
+    expected = metrics.score(fake, labels=fake_labels)
+    assert "fid" in expected["per_class"]["1"]
     state = metrics.state_dict()
-    assert {"fid.real_features_sum", "fid.real_features_cov_sum", "kid.real_features"} <= set(state)
+    assert {"fid.real_features_sum", "fid.real_features_cov_sum", "kid.real_features", "real_labels"} <= set(state)
 
     fresh = flat_metrics()
     seen: list[int] = []
     fresh.extractor.register_forward_hook(lambda module, inputs, output: seen.append(len(inputs[0])))
-    fresh.load_state_dict(state)
-    assert fresh.score(fake) == expected
+    fresh.load_state_dict(state)  # per-class FID needs the real labels: they reload too
+    assert fresh.score(fake, labels=fake_labels) == expected
     assert sum(seen) == 2 * len(fake)  # FID's and KID's pass over the fakes; no real image was embedded
+
+
+def test_frechet_distance_of_feature_sets_is_torchmetrics_fid():
+    generator = torch.Generator().manual_seed(2)
+    real, fake = torch.randn(300, 8, generator=generator), 0.5 * torch.randn(250, 8, generator=generator) + 0.2
+    metrics = flat_metrics()
+    metrics.add_real(real.view(300, 8, 1, 1))
+    assert frechet_distance(real, fake) == pytest.approx(metrics.score(fake.view(250, 8, 1, 1))["fid"], rel=1e-5)
+    assert frechet_distance(real, real) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_score_without_real_images_is_an_error():
@@ -217,3 +232,81 @@ def test_settings_are_validated():
         EvalSettings.from_config({**EvalSettings().__dict__, "features": "vgg"})
     with pytest.raises(ConfigError, match="at least 4"):
         EvalSettings.from_config({**EvalSettings().__dict__, "num_samples": 1})
+
+
+# --- class-conditional generators ----------------------------------------------------------------
+
+def test_balanced_labels_give_every_class_an_equal_share():
+    assert torch.bincount(balanced_labels(500, 10)).tolist() == [50] * 10
+    assert torch.bincount(balanced_labels(2500, 8)).tolist() == [313] * 4 + [312] * 4  # up to one sample
+    assert balanced_labels(5, 0).tolist() == [0] * 5  # unconditional: a placeholder the generator ignores
+
+
+def test_ring_samples_on_their_conditioned_mean_are_recognised():
+    metrics = MixtureMetrics(RING, RING_STD)
+    labels = balanced_labels(2400, 8)
+    right = metrics.score(RING[labels], labels=labels)
+    assert right["class_accuracy"] == 1.0 and right["modes"] == 8
+    assert right["per_class"] == {str(k): {"num_samples": 300, "accuracy": 1.0} for k in range(8)}
+    # Perfect samples of the wrong mode: every mode is still captured, none is the one asked for.
+    wrong = metrics.score(RING[(labels + 1) % 8], labels=labels)
+    assert wrong["class_accuracy"] == 0.0 and wrong["modes"] == 8
+    # Mode 0's samples all land on mode 4: only class 0 is wrong.
+    mixed = metrics.score(RING[torch.where(labels == 0, 4, labels)], labels=labels)
+    assert mixed["class_accuracy"] == 7 / 8 and mixed["per_class"]["0"]["accuracy"] == 0.0
+    assert "class_accuracy" not in metrics.score(RING[labels])  # unconditional: the usual keys only
+
+
+def one_hot_images(labels: torch.Tensor, seed: int) -> torch.Tensor:
+    """(N, 4, 1, 1) "images" near the one-hot vector of their label: a flat extractor's features."""
+    noise = 0.1 * torch.randn(len(labels), 4, generator=torch.Generator().manual_seed(seed))
+    return (torch.nn.functional.one_hot(labels, 4).float() + noise).view(-1, 4, 1, 1)
+
+
+def test_generated_images_that_are_the_real_class_images_score_perfectly():
+    # Features = the 4 numbers, and a class head reading the logits straight off them: an image is
+    # recognised as the class of its largest coordinate. Class 3 has too few real images for a FID.
+    real_labels = torch.tensor([0] * 60 + [1] * 60 + [2] * 60 + [3] * (MIN_CLASS_SAMPLES - 1))
+    real = one_hot_images(real_labels, seed=0)
+    metrics = ImageMetrics(FeatureExtractor("flat", nn.Flatten(), 4, head=nn.Identity()))
+    metrics.add_real(real, real_labels)
+
+    exact = metrics.score(real, labels=real_labels)  # the generator's output is exactly the real images
+    assert exact["class_accuracy"] == 1.0
+    assert list(exact["per_class"]) == ["0", "1", "2", "3"]
+    for label in ("0", "1", "2"):
+        entry = exact["per_class"][label]
+        assert entry["accuracy"] == 1.0 and entry["num_samples"] == entry["num_real"] == 60
+        assert entry["fid"] == pytest.approx(0.0, abs=1e-9)
+    assert exact["per_class"]["3"] == {"num_samples": 49, "accuracy": 1.0, "num_real": 49}  # no fid
+
+    # The same images, generated "for" the next class: never recognised, and far from that class.
+    shifted = metrics.score(real, labels=(real_labels + 1) % 4)
+    assert shifted["class_accuracy"] == 0.0
+    assert all(e["accuracy"] == 0.0 for e in shifted["per_class"].values())
+    assert shifted["per_class"]["1"]["fid"] > 1.0  # class 0's images against real 1s: means sqrt(2) apart
+
+
+def test_a_feature_space_without_class_head_reports_per_class_fid_only():
+    real_labels = balanced_labels(200, 2)
+    real = one_hot_images(real_labels, seed=0)
+    metrics = ImageMetrics(FeatureExtractor("flat", nn.Flatten(), 4))  # e.g. rotation, inception
+    metrics.add_real(real, real_labels)
+    values = metrics.score(one_hot_images(real_labels, seed=1), labels=real_labels)
+    assert "class_accuracy" not in values
+    assert set(values["per_class"]["0"]) == {"num_samples", "num_real", "fid"}
+    assert values["per_class"]["0"]["fid"] < 0.01  # a second draw of the same class
+
+
+def test_real_digits_scored_as_their_own_class(feature_cache):
+    """The digits classifier's head recognises real digits, each class's real images against
+    themselves give a per-class FID of 0: the head and the labels line up with the feature space."""
+    dataset = build_dataset({"name": "digits", "image_size": 16, "channels": 1}, 0)
+    metrics = build_metrics({"name": "digits"}, dataset, EvalSettings(cache_dir=str(feature_cache)))
+    assert metrics.extractor.head is not None
+    images, labels = real_images(dataset, 10000)
+    values = metrics.score(images, labels=labels)
+    print(f"digits classifier on all real digits: {values['class_accuracy']:.2%}")
+    assert values["class_accuracy"] > 0.97  # 97.5 % on held-out digits; 80 % were its training set
+    assert len(values["per_class"]) == 10
+    assert all(e["fid"] == pytest.approx(0.0, abs=1e-3) for e in values["per_class"].values())
