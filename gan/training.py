@@ -107,5 +107,7 @@ def train(cfg: DictConfig) -> GANModule:
     with warnings.catch_warnings():
         # The endless, step-indexed sampler resumes its own position; Lightning cannot know that.
         warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch.*")
+        # Lightning 2.6's own use of a torch API that torch 2.14 deprecates: nothing a user can act on.
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
     return module
