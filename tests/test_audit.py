@@ -20,9 +20,14 @@ def tiny(tmp_path, *overrides: str):
                           *overrides, run_dir=tmp_path)
 
 
-def test_the_real_step_passes_the_audit(tmp_path):
-    module = train(tiny(tmp_path, "loss=wgan_gp", "model.d_batchnorm=false"))
-    assert int(module.counters.g_steps) == 2 and int(module.counters.d_steps) == 10
+@pytest.mark.parametrize("overrides,d_steps", [
+    (("loss=wgan_gp", "model.d_batchnorm=false"), 10),
+    (("reg=r1", "reg.every=2", "augment=ada", "model.conditional=true", "model.spectral_norm=true"), 2),
+    (("data=ring", "model.conditional=true", "loss=lsgan"), 2),
+])
+def test_the_real_step_passes_the_audit(tmp_path, overrides, d_steps):
+    module = train(tiny(tmp_path, *overrides))
+    assert int(module.counters.g_steps) == 2 and int(module.counters.d_steps) == d_steps
 
 
 class MissingDetach(GANModule):

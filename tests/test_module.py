@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
 from conftest import compose_config
 
@@ -50,11 +51,14 @@ def same(a: dict, b: dict) -> bool:
         for k, x in a.items())
 
 
-def test_d_update_spares_g_and_g_update_spares_d(tmp_path):
+@pytest.mark.parametrize("conditional", [False, True])
+def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
+    """The split holds for the conditional D too, whose input is torch.cat((condition, fake.detach()), 1)."""
     from omegaconf import OmegaConf
 
-    cfg = compose_config("debug=tiny", "audit=false", run_dir=tmp_path)
-    module = GANModule(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)))
+    cfg = compose_config("debug=tiny", "audit=false", f"model.conditional={conditional}", run_dir=tmp_path)
+    module = GANModule(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)),
+                       num_classes=10 if conditional else 0)
     user_frozen = module.D.net[0].weight
     user_frozen.requires_grad_(False)  # a layer frozen on purpose must stay frozen
     probe = Probe()
