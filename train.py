@@ -1,23 +1,18 @@
 """Train a GAN: `python train.py [hydra overrides]`, e.g. `python train.py data=ring model=mlp`."""
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from gan.errors import ConfigError
+from gan.errors import exit_on_config_error
 from gan.training import train
 
 
 # An absolute path: the configs are found however train.py is run (as a script, or imported by the tests).
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).parent / "configs"), config_name="train")
 def main(cfg: DictConfig) -> None:
-    try:
-        train(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_config_error(train, cfg)
 
 
 if __name__ == "__main__":

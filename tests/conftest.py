@@ -32,20 +32,25 @@ def compose_config(*overrides: str, run_dir: Path | None = None) -> DictConfig:
     return cfg
 
 
-def run_train(run_dir: Path, *overrides: str) -> int:
-    """Run train.py's real Hydra main in-process; returns its exit code."""
-    import train
+def run_main(script: str, *args: str) -> int:
+    """Run an entry point's real Hydra main (train.py, evaluate.py) in-process; returns its exit code."""
+    import importlib
 
     argv = sys.argv
-    flags = [o for o in overrides if o.startswith("-")]  # e.g. -m: Hydra's flags come before overrides
-    sys.argv = ["train.py", *flags, *TINY, f"hydra.run.dir={run_dir}", *(o for o in overrides if o not in flags)]
+    sys.argv = [f"{script}.py", *args]
     try:
-        train.main()
+        importlib.import_module(script).main()
         return 0
     except SystemExit as e:
         return int(e.code or 0)
     finally:
         sys.argv = argv
+
+
+def run_train(run_dir: Path, *overrides: str) -> int:
+    """train.py with the TINY settings into ``run_dir``; returns its exit code."""
+    flags = [o for o in overrides if o.startswith("-")]  # e.g. -m: Hydra's flags come before overrides
+    return run_main("train", *flags, *TINY, f"hydra.run.dir={run_dir}", *(o for o in overrides if o not in flags))
 
 
 def read_events(log_dir: Path):

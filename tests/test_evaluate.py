@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, read_events, run_train
+from conftest import ROOT, read_events, run_main, run_train
 from PIL import Image
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
@@ -42,18 +42,7 @@ def conditional_ring_run(tmp_path_factory) -> Path:
 
 
 def run_evaluate(*overrides: str) -> int:
-    """Run evaluate.py's real Hydra main in-process; returns its exit code."""
-    import evaluate
-
-    argv = sys.argv
-    sys.argv = ["evaluate.py", *overrides]
-    try:
-        evaluate.main()
-        return 0
-    except SystemExit as e:
-        return int(e.code or 0)
-    finally:
-        sys.argv = argv
+    return run_main("evaluate", *overrides)
 
 
 def copy_run(run: Path, tmp_path: Path) -> Path:
