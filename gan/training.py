@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -30,6 +31,18 @@ class GeneratorStepProgressBar(TQDMProgressBar):
     @property
     def total_train_batches(self) -> int:
         return self.g_steps
+
+    def on_train_start(self, *args: Any) -> None:
+        super().on_train_start(*args)
+        self.label()  # a resumed run restarts mid-epoch, where Lightning skips on_train_epoch_start
+
+    def on_train_epoch_start(self, *args: Any) -> None:
+        super().on_train_epoch_start(*args)
+        self.label()
+
+    def label(self) -> None:
+        self.train_progress_bar.total = self.g_steps
+        self.train_progress_bar.set_description("generator steps")  # epochs mean nothing on an endless stream
 
 
 def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
