@@ -91,11 +91,13 @@ class Augment(nn.Module):
     @torch.no_grad()
     def adjust(self, batch_size: int) -> None:
         """One ADA step from the signs gathered since the last one (call every ``interval`` G steps)."""
-        if not self.adaptive or int(self.sign_count) == 0:
+        if not self.adaptive:
             return
-        r_t = self.sign_sum / self.sign_count
+        r_t = self.sign_sum / self.sign_count.clamp(min=1)
         step = batch_size * self.interval / self.speed_images
-        self.p.copy_((self.p + torch.sign(r_t - self.target) * step).clamp(0.0, 1.0))
+        moved = (self.p + torch.sign(r_t - self.target) * step).clamp(0.0, 1.0)
+        # Without signs since the last adjustment p stays; torch.where keeps it on the device (no sync).
+        self.p.copy_(torch.where(self.sign_count > 0, moved, self.p))
         self.sign_sum.zero_()
         self.sign_count.zero_()
 

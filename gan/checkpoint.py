@@ -54,11 +54,11 @@ class GeneratorStepCheckpoint(L.Callback):
         self.saved_step = step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        step = int(pl_module.counters.g_steps)
+        step = pl_module.counters.g
         if step % self.every == 0:
             self.save(trainer, step, periodic=True)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        step = int(pl_module.counters.g_steps)
+        step = pl_module.counters.g
         if step != self.saved_step:
             self.save(trainer, step, periodic=False)

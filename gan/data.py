@@ -255,7 +255,7 @@ class GANDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         # Start where the (possibly restored) module left off; Lightning restores the checkpoint
         # before it asks for the dataloader.
-        start = int(self.trainer.lightning_module.counters.g_steps) if self.trainer else 0
+        start = self.trainer.lightning_module.counters.g if self.trainer else 0
         sampler = StepBatchSampler(len(self.dataset), self.batch_size * self.d_steps, self.seed, start,
                                    self.trainer.global_rank if self.trainer else 0,
                                    self.trainer.world_size if self.trainer else 1)

@@ -411,7 +411,7 @@ class MetricsLogger(L.Callback):
                                              self.settings, pl_module.device)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
-        step = int(pl_module.counters.g_steps)
+        step = pl_module.counters.g
         if step % self.every or not trainer.is_global_zero:
             return
         with own_rng(pl_module.device):

@@ -93,7 +93,7 @@ class GANModule(L.LightningModule):
         opt_g.step()
 
         self.update_statistics(batch[0].shape[0], real_logits)
-        if int(self.counters.g_steps) % self.cfg["log"]["every"] == 0:
+        if self.counters.g % self.cfg["log"]["every"] == 0:
             # .item() here and only here: one device sync per logging step, plain floats to the
             # loggers, and no tensor that could keep a graph alive.
             self.log_scalars({
@@ -106,7 +106,7 @@ class GANModule(L.LightningModule):
 
     def update_d(self, opt_d: Any, real: Tensor, fake: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One discriminator update; ``fake`` arrives detached (or made under no_grad)."""
-        r1_due = self.reg["name"] == "r1" and int(self.counters.d_steps) % self.reg["every"] == 0
+        r1_due = self.reg["name"] == "r1" and self.counters.d % self.reg["every"] == 0
         if r1_due:
             real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
         real_logits, fake_logits = self.critic(real, y), self.critic(fake, y)
@@ -123,7 +123,7 @@ class GANModule(L.LightningModule):
         opt_d.zero_grad(set_to_none=True)
         self.manual_backward(d_loss)
         opt_d.step()
-        self.counters.d_steps += 1
+        self.counters.count_d_step()
         return d_loss.detach(), real_logits.detach(), fake_logits.detach()
 
     def critic(self, x: Tensor, y: Tensor) -> Tensor:
@@ -138,9 +138,8 @@ class GANModule(L.LightningModule):
     @torch.no_grad()
     def update_statistics(self, batch_size: int, real_logits: Tensor) -> None:
         """Counters, the EMA generator and the augmentation probability, after a generator step."""
-        self.counters.g_steps += 1
-        self.counters.images_seen += batch_size * self.trainer.world_size
-        g_steps = int(self.counters.g_steps)
+        self.counters.count_g_step(batch_size * self.trainer.world_size)
+        g_steps = self.counters.g
         if self.ema is not None:
             self.ema.update(self.G, g_steps)
         if self.augment is not None:
@@ -180,7 +179,7 @@ class GANModule(L.LightningModule):
         if self.audit:
             audit.check_plain_numbers(values)
         for logger in self.loggers:
-            logger.log_metrics(values, step=int(self.counters.g_steps))
+            logger.log_metrics(values, step=self.counters.g)
         self.log_dict({k: v for k, v in values.items() if k.startswith("loss/")}, prog_bar=True, logger=False)
 
     # --- optimizers and checkpoints --------------------------------------------------------------

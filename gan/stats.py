@@ -15,6 +15,10 @@ class StepCounters(nn.Module):
     Buffers rather than Python ints so they travel inside ``state_dict()`` with the weights they
     describe; Lightning's ``global_step`` counts every optimizer step (G and D alike), so it cannot say
     how many generator updates a run has made.
+
+    ``g`` and ``d`` mirror the two step buffers as Python ints for the hot path: reading a buffer that
+    lives on a GPU (``int(tensor)``) makes the host wait for the device, several times a step. The
+    buffers stay the saved state; the mirrors are rebuilt from them whenever a state dict is loaded.
     """
 
     def __init__(self) -> None:
@@ -22,6 +26,21 @@ class StepCounters(nn.Module):
         self.register_buffer("g_steps", torch.zeros((), dtype=torch.long))
         self.register_buffer("d_steps", torch.zeros((), dtype=torch.long))
         self.register_buffer("images_seen", torch.zeros((), dtype=torch.long))
+        self.g, self.d = 0, 0
+        self.register_load_state_dict_post_hook(StepCounters.after_load)
+
+    @staticmethod
+    def after_load(module: StepCounters, incompatible_keys: object) -> None:
+        module.g, module.d = int(module.g_steps), int(module.d_steps)
+
+    def count_d_step(self) -> None:
+        self.d += 1
+        self.d_steps.fill_(self.d)  # an asynchronous write: no device sync
+
+    def count_g_step(self, images: int) -> None:
+        self.g += 1
+        self.g_steps.fill_(self.g)
+        self.images_seen += images
 
 
 class RunningMean(nn.Module):
@@ -35,9 +54,10 @@ class RunningMean(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        # Bias-free start: the first update sets the mean instead of pulling it from zero.
-        weight = 1.0 if self.count == 0 else 1.0 - self.decay
-        self.value.lerp_(x.detach().float().mean().to(self.value.dtype), weight)
+        # Bias-free start: the first update sets the mean instead of pulling it from zero. Decided on
+        # the device (torch.where), not with `if self.count == 0`, which would sync a GPU every call.
+        weight = torch.where(self.count == 0, 1.0, 1.0 - self.decay).to(self.value.dtype)
+        self.value.lerp_(x.detach().mean().to(self.value.dtype), weight)
         self.count += 1
 
 
@@ -76,12 +96,13 @@ class EMAGenerator(nn.Module):
         """Average ``generator``'s current weights in; ``g_step`` is the number of G updates so far."""
         averaged = dict(self.generator.named_buffers())
         if g_step <= self.start:
-            weight = 1.0  # warm-up: copy
+            weight = torch.ones((), device=self.num_updates.device)  # warm-up: copy
         else:
-            k = float(self.num_updates)
-            weight = 1.0 - min(self.decay, (1.0 + k) / (10.0 + k))
+            # On the device: float(self.num_updates) would make the host wait for a GPU every step.
+            k = self.num_updates.double()
+            weight = 1.0 - ((1.0 + k) / (10.0 + k)).clamp(max=self.decay)
             self.num_updates += 1
         for name, param in generator.named_parameters():
-            averaged[name].lerp_(param.detach(), weight)
+            averaged[name].lerp_(param.detach(), weight.to(param.dtype))
         for name, buffer in generator.named_buffers():
             averaged[name].copy_(buffer)

@@ -108,15 +108,15 @@ class SampleLogger(L.Callback):
             write_hparams(writer, pl_module.cfg)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        if int(pl_module.counters.g_steps) % self.every == 0:
+        if pl_module.counters.g % self.every == 0:
             self.log_samples(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if int(pl_module.counters.g_steps) != self.last_step:
+        if pl_module.counters.g != self.last_step:
             self.log_samples(trainer, pl_module)
 
     def log_samples(self, trainer: L.Trainer, pl_module: Any) -> None:
-        step = int(pl_module.counters.g_steps)
+        step = pl_module.counters.g
         self.last_step = step
         samples = pl_module.generate(pl_module.sample_noise, pl_module.sample_labels)
         if not trainer.is_global_zero:

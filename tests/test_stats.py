@@ -98,3 +98,14 @@ def test_ema_copies_during_warmup_then_averages_with_ramped_decay():
     assert torch.allclose(ema.generator[0].weight, torch.full((2, 2), 0.1 * 1.0 + 0.9 * 3.0))
     assert torch.equal(ema.generator[1].running_mean, g[1].running_mean)  # BatchNorm stats: copied
     assert int(ema.num_updates) == 1
+
+
+def test_counter_mirrors_follow_counting_and_loading():
+    counters = StepCounters()
+    counters.count_d_step()
+    counters.count_g_step(images=16)
+    assert (counters.g, counters.d) == (1, 1)
+    assert [int(b) for b in counters.buffers()] == [1, 1, 16]
+    fresh = StepCounters()
+    fresh.load_state_dict(counters.state_dict())  # as Lightning does when it resumes
+    assert (fresh.g, fresh.d) == (1, 1)
