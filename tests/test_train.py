@@ -94,10 +94,13 @@ def test_ring_run_writes_scatter_plots(ring_run):
 
 def test_wgan_gp_makes_five_d_steps_per_g_step(tmp_path):
     run_dir = tmp_path / "wgan"
-    assert run_train(run_dir, "loss=wgan_gp", "model.d_batchnorm=false", "trainer.max_steps=2") == 0
+    assert run_train(run_dir, "loss=wgan_gp", "trainer.max_steps=2") == 0
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert int(ckpt["state_dict"]["counters.g_steps"]) == 2
     assert int(ckpt["state_dict"]["counters.d_steps"]) == 10
+    # The preset turns D's BatchNorm off: the gradient penalty is per sample.
+    assert ckpt["hyper_parameters"]["cfg"]["model"]["d_batchnorm"] is False
+    assert not any("running_mean" in k for k in ckpt["state_dict"] if k.startswith("D."))
     assert [e.step for e in read_events(run_dir / "tensorboard").Scalars("loss/d")] == [1, 2]
 
 
