@@ -45,8 +45,9 @@ from gan.data import build_dataset, mixture_means
 from gan.errors import ConfigError
 from gan.evaluation import evaluating
 from gan.features import FeatureExtractor, classifier_features, inception_features, to_uint8
+from gan.models import balanced_labels
 from gan.module import GANModule
-from gan.visuals import image_grid, real_points_for_plot, save_figure, scatter_figure
+from gan.visuals import class_grid, real_points_for_plot, save_figure, scatter_figure
 
 FEATURES = ("classifier", "rotation", "inception")
 KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
@@ -349,13 +350,6 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
 
 # --- sampling and scoring ------------------------------------------------------------------------
 
-def balanced_labels(num_samples: int, num_classes: int) -> Tensor:
-    """Labels cycling 0, 1, ..., K-1, 0, 1, ...: every class gets ``num_samples // K`` samples or one
-    more (exactly equal shares when K divides ``num_samples``). The same for every seed: only the noise
-    follows the seed. Cycling, not blocks, so the first 8 K samples hold 8 of each class for the grid."""
-    return torch.arange(num_samples) % max(num_classes, 1)
-
-
 def generate_samples(module: GANModule, num_samples: int, seed: int, batch_size: int = 250) -> Tensor:
     """``num_samples`` samples of the module's sampling generator (the EMA copy when it has one).
 
@@ -425,15 +419,6 @@ class MetricsLogger(L.Callback):
 
 
 # --- python evaluate.py --------------------------------------------------------------------------
-
-def sample_grid(samples: Tensor, num_classes: int) -> Tensor:
-    """The first 64 images; for a conditional generator (labels cycling 0..K-1) 8 per class, a row each."""
-    if not num_classes:
-        return image_grid(samples[:64])
-    per_class = min(8, len(samples) // num_classes)
-    by_class = samples[: per_class * num_classes].unflatten(0, (per_class, num_classes)).transpose(0, 1)
-    return image_grid(by_class.flatten(0, 1), nrow=per_class)
-
 
 def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
     """(run directory, checkpoint file), or a ConfigError saying what is missing."""
@@ -535,7 +520,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
         save_figure(fig, out / "grid.png")
     else:
         np.savez_compressed(out / "samples.npz", samples=to_uint8(samples).cpu().numpy())
-        grid = sample_grid(samples, module.num_classes)
+        grid = class_grid(samples, module.num_classes)
         writer.add_image(grid_tag, grid, step)
         save_image(grid, out / "grid.png")
     for name, value in scalars(values, tag).items():

@@ -26,6 +26,13 @@ def condition_input(labels: torch.Tensor, num_classes: int, shape: tuple[int, ..
     return one_hot[:, :, None, None].expand(-1, -1, shape[1], shape[2])
 
 
+def balanced_labels(num_samples: int, num_classes: int) -> torch.Tensor:
+    """Labels cycling 0, 1, ..., K-1, 0, 1, ...: every class gets ``num_samples // K`` samples or one
+    more (exactly equal shares when K divides ``num_samples``). The same for every seed: only the noise
+    follows the seed. Cycling, not blocks, so the first 8 K samples hold 8 of each class for the grid."""
+    return torch.arange(num_samples) % max(num_classes, 1)
+
+
 def resolution_plan(size: int) -> tuple[int, int]:
     """(start, n): the image is ``start * 2**n`` pixels wide, halving while it stays >= 4 pixels."""
     if size < 4:

@@ -20,7 +20,7 @@ from gan.augment import build_augment
 from gan.errors import ConfigError
 from gan.evaluation import evaluating, frozen
 from gan.losses import get_loss, gradient_penalty, lecam_penalty, r1_penalty
-from gan.models import build_models, condition_input
+from gan.models import balanced_labels, build_models, condition_input
 from gan.stats import EMAGenerator, RunningMean, StepCounters
 
 
@@ -57,7 +57,7 @@ class GANModule(L.LightningModule):
             n = cfg["log"]["num_samples"]
         generator = torch.Generator().manual_seed(cfg["seed"])
         self.register_buffer("sample_noise", torch.randn(n, self.z_dim, generator=generator))
-        self.register_buffer("sample_labels", torch.arange(n) * max(num_classes, 1) // n)
+        self.register_buffer("sample_labels", balanced_labels(n, num_classes))
         self._pending_rng: dict[str, Any] | None = None
 
     # --- the training step -----------------------------------------------------------------------

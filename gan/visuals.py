@@ -35,6 +35,16 @@ DASHBOARD_LAYOUT = {
 }
 
 
+def class_grid(samples: Tensor, num_classes: int, per_class: int = 8, limit: int = 64) -> Tensor:
+    """The first ``limit`` images; for a conditional generator (labels cycling 0..K-1, as
+    :func:`gan.models.balanced_labels` draws them) ``per_class`` of each class, a row per class."""
+    if not num_classes:
+        return image_grid(samples[:limit])
+    per_class = min(per_class, len(samples) // num_classes)
+    by_class = samples[: per_class * num_classes].unflatten(0, (per_class, num_classes)).transpose(0, 1)
+    return image_grid(by_class.flatten(0, 1), nrow=per_class)
+
+
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a/b': 1}; values TensorBoard's hparams cannot hold become strings."""
     flat: dict[str, Any] = {}
@@ -129,9 +139,7 @@ class SampleLogger(L.Callback):
                 writer.add_figure("samples/scatter", fig, step, close=False)
             save_figure(fig, self.directory / f"step_{step:06d}.png")
         else:
-            # conditional: one row per class
-            nrow = len(samples) // pl_module.num_classes if pl_module.num_classes else None
-            grid = image_grid(samples, nrow=nrow)
+            grid = class_grid(samples, pl_module.num_classes, per_class=len(samples), limit=len(samples))
             if writer is not None:
                 writer.add_image("samples/grid", grid, step)
             save_image(grid, self.directory / f"step_{step:06d}.png")

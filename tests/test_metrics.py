@@ -18,7 +18,6 @@ from gan.metrics import (
     EvalSettings,
     ImageMetrics,
     MixtureMetrics,
-    balanced_labels,
     build_metrics,
     frechet_distance,
     knn_precision_recall,
@@ -26,6 +25,7 @@ from gan.metrics import (
     quantize,
     real_images,
 )
+from gan.models import balanced_labels
 
 RING, RING_STD = mixture_means("ring"), 0.01
 GRID, GRID_STD = mixture_means("grid"), 0.05
