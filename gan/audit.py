@@ -90,7 +90,7 @@ def checked_sampling(generator: nn.Module, sample: Callable[[], Tensor]) -> Tens
     changed = first_difference(state, dict(generator.state_dict(keep_vars=True)))
     if changed:
         raise AuditError(f"sampling changed generator.{changed}: sample in eval mode under no_grad "
-                         "(gan.evaluation.evaluating)")
+                         "(gan.contexts.evaluating)")
     after_modes = dict((name, m.training) for name, m in generator.named_modules())
     for name, mode in modes:
         if after_modes[name] != mode:

@@ -43,7 +43,7 @@ from torchvision.utils import save_image
 from gan import audit
 from gan.data import build_dataset, mixture_means
 from gan.errors import ConfigError
-from gan.evaluation import evaluating
+from gan.contexts import evaluating
 from gan.features import FeatureExtractor, classifier_features, inception_features, to_uint8
 from gan.models import balanced_labels
 from gan.module import GANModule

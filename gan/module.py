@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from gan import audit
 from gan.augment import build_augment
 from gan.errors import ConfigError
-from gan.evaluation import evaluating, frozen
+from gan.contexts import evaluating, frozen
 from gan.losses import get_loss, gradient_penalty, lecam_penalty, r1_penalty
 from gan.models import balanced_labels, build_models, condition_input
 from gan.stats import EMAGenerator, RunningMean, StepCounters

@@ -1,7 +1,7 @@
 """Measured demonstrations of the autograd patterns this project relies on: ``python -m gan.patterns``.
 
 Each claim is one function ``name(device, ...) -> Result`` that runs on the project's own modules
-(``gan.models``, ``gan.losses``, ``gan.evaluation``) and returns what it measured plus a verdict.
+(``gan.models``, ``gan.losses``, ``gan.contexts``) and returns what it measured plus a verdict.
 ``tests/test_patterns.py`` calls the same functions and asserts on the measured values; ``main`` prints
 every result as one row of a markdown table (``--only NAME`` for one row, ``--device cuda`` on a GPU).
 
@@ -37,7 +37,7 @@ from torch.autograd import Variable
 from torch.utils.flop_counter import FlopCounterMode
 
 from gan.errors import ConfigError
-from gan.evaluation import evaluating, frozen
+from gan.contexts import evaluating, frozen
 from gan.losses import get_loss
 from gan.models import DCGANDiscriminator, MLPDiscriminator, build_models, condition_input
 
@@ -304,7 +304,7 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
     d.requires_grad_(True)
     d.zero_grad(set_to_none=True)
 
-    # The generator step with D frozen (gan.evaluation.frozen), as gan/module.py does it, and with D
+    # The generator step with D frozen (gan.contexts.frozen), as gan/module.py does it, and with D
     # trainable for comparison.
     def g_loss(frozen_d: bool) -> Tensor:
         g.zero_grad(set_to_none=True)

@@ -10,7 +10,7 @@ import torch
 from conftest import compose_config
 
 from gan.data import GANDataModule, data_shape
-from gan.evaluation import evaluating, frozen
+from gan.contexts import evaluating, frozen
 from gan.module import GANModule
 
 

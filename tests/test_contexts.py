@@ -1,4 +1,4 @@
-"""gan/evaluation.py's ``evaluating``: sampling and scoring leave every module exactly as they found it."""
+"""gan/contexts.py's ``evaluating``: sampling and scoring leave every module exactly as they found it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from conftest import compose_config
 from omegaconf import OmegaConf
 from torch import nn
 
-from gan.evaluation import evaluating
+from gan.contexts import evaluating
 from gan.features import FeatureExtractor
 from gan.metrics import EvalSettings, ImageMetrics, generate_samples, sample_and_score
 from gan.module import GANModule
