@@ -4,7 +4,9 @@ Each check raises :class:`AuditError` naming the module and parameter (or buffer
 at the first violation:
 
 * a D update leaves every G gradient untouched (None stays None) and gives D finite gradients;
-* a G update gives D's parameters no gradient and does not change D's weights;
+* before each backward, the network it updates holds no gradient (none accumulates across steps);
+* a G update gives D's parameters no gradient and changes none of D's weights or buffers, except the
+  running statistics a train-mode forward updates (see :func:`expected_to_change`);
 * sampling leaves every generator parameter and buffer bit-identical, restores train/eval mode and
   ``requires_grad`` flags, and returns tensors without a graph;
 * values sent to loggers are plain Python numbers.
@@ -22,6 +24,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class AuditError(AssertionError):
@@ -45,17 +48,61 @@ def grads(module: nn.Module) -> dict[str, Tensor | None]:
     return {name: p.grad for name, p in module.named_parameters()}
 
 
+def expected_to_change(D: nn.Module) -> set[str]:
+    """D's buffers that a train-mode forward updates, in the G update too.
+
+    Policy: D stays in train mode while it is frozen for the G update, so that G is judged by the same
+    function D is trained as (BatchNorm normalizes with the batch's statistics). Each such forward moves
+    BatchNorm's running statistics (used only in eval mode, which training never puts D in) and runs
+    one power iteration of spectral normalization (its vectors ``_u``, ``_v``). No other buffer of D
+    may change in the G update.
+    """
+    names = set()
+    for prefix, module in D.named_modules():
+        if isinstance(module, _BatchNorm) or type(module).__name__ == "_SpectralNorm":
+            names.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_buffers(recurse=False))
+    return names
+
+
 class AutogradAudit(L.Callback):
-    """Checks the detach / freeze split of every D and G update of a :class:`GANModule`."""
+    """Checks the detach / freeze split of every D and G update of a :class:`GANModule`.
+
+    The phase of each backward is known from the order of a generator step: ``d_steps`` D updates,
+    then one G update.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        # D's state is recorded right after the last D update of each step, before the G update runs
+        # D forward: no Lightning hook sits there, the optimizer's own step hook does.
+        d_ids = {id(p) for p in pl_module.D.parameters()}
+        opt_d = next(opt for opt in trainer.optimizers
+                     if any(id(p) in d_ids for group in opt.param_groups for p in group["params"]))
+        self.hook = opt_d.register_step_post_hook(lambda *args: self.after_d_step(pl_module))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.hook.remove()
+
+    def after_d_step(self, pl_module: Any) -> None:
+        if self.d_updates == pl_module.d_steps:
+            self.d_state = snapshot({**dict(pl_module.D.named_parameters()), **dict(pl_module.D.named_buffers())})
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.d_updates = 0
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
+        phase = "D" if self.d_updates < pl_module.d_steps else "G"
+        updated = pl_module.D if phase == "D" else pl_module.G
+        for name, p in updated.named_parameters():
+            if p.grad is not None:
+                raise AuditError(f"{phase}.{name} already holds a gradient before the {phase} backward: it "
+                                 "would be added to, not replaced; call zero_grad(set_to_none=True) first")
         self.g_grads, self.d_grads = snapshot(grads(pl_module.G)), snapshot(grads(pl_module.D))
-        self.d_weights = snapshot(dict(pl_module.D.named_parameters()))
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
         d_ids = {id(p) for p in pl_module.D.parameters()}
         if any(id(p) in d_ids for group in optimizer.param_groups for p in group["params"]):
             self.check_d_update(pl_module)
+            self.d_updates += 1
         else:
             self.check_g_update(pl_module)
 
@@ -72,13 +119,16 @@ class AutogradAudit(L.Callback):
         changed = first_difference(self.d_grads, grads(pl_module.D))
         if changed:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
-        self.pending_d_weights = self.d_weights  # compared once opt_g has stepped
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        changed = first_difference(self.pending_d_weights, dict(pl_module.D.named_parameters()))
+        D = pl_module.D
+        allowed = expected_to_change(D)
+        kept = {name: t for name, t in self.d_state.items() if name not in allowed}
+        changed = first_difference(kept, {**dict(D.named_parameters()), **dict(D.named_buffers())})
         if changed:
-            raise AuditError(f"G update changed D.{changed}: D's weights must not move in the G update")
+            raise AuditError(f"G update changed D.{changed}: only BatchNorm running statistics and "
+                             "spectral-norm vectors of D may move in the G update")
 
 
 def checked_sampling(generator: nn.Module, sample: Callable[[], Tensor]) -> Tensor:

@@ -87,22 +87,3 @@ def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Ten
     (grad,) = torch.autograd.grad(critic(x_hat).sum(), x_hat, create_graph=True)
     return (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
 
-
-def r1_penalty(real_logits: Tensor, real: Tensor) -> Tensor:
-    """R1 (Mescheder et al. 2018): E[||grad_x D(x)||^2] on real data, before the gamma / 2 factor.
-
-    ``real`` must have ``requires_grad=True`` and ``real_logits`` must come from it;
-    ``create_graph=True`` because the penalty is differentiated again in D's backward.
-    """
-    (grad,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
-    return grad.pow(2).flatten(1).sum(dim=1).mean()
-
-
-def lecam_penalty(real_logits: Tensor, fake_logits: Tensor, real_anchor: Tensor, fake_anchor: Tensor) -> Tensor:
-    """LeCam (Tseng et al., CVPR 2021, eq. 3): E[(D(x) - a_F)^2] + E[(D(G(z)) - a_R)^2].
-
-    The anchors a_R, a_F are running means of D's outputs on real and fake data (buffers of
-    :class:`gan.stats.RunningMean`), constants here: the penalty pulls each side toward the other's
-    recent average, keeping D's predictions from drifting apart when data is scarce.
-    """
-    return (real_logits - fake_anchor).pow(2).mean() + (fake_logits - real_anchor).pow(2).mean()

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gan import audit
+from gan import audit, step
 from gan.augment import build_augment
-from gan.errors import ConfigError
-from gan.contexts import evaluating, frozen
-from gan.losses import get_loss, gradient_penalty, lecam_penalty, r1_penalty
+from gan.contexts import evaluating
+from gan.losses import get_loss, gradient_penalty
 from gan.models import balanced_labels, build_models, condition_input
+from gan.regularizers import build_regularizer
 from gan.stats import EMAGenerator, RunningMean, StepCounters
 
 
@@ -36,9 +36,6 @@ class GANModule(L.LightningModule):
         self.audit = bool(cfg.get("audit", False))
         self.loss = get_loss(cfg["loss"]["name"])
         self.gp_weight = float(cfg["loss"].get("gp_weight", 0.0))
-        self.reg = cfg["reg"]
-        if self.reg["name"] not in ("none", "r1", "lecam"):
-            raise ConfigError(f"unknown regularizer '{self.reg['name']}': use reg=none|r1|lecam")
 
         self.G, self.D = build_models(cfg["model"], self.z_dim, self.data_shape, num_classes)
         self.augment = build_augment(cfg["augment"], self.data_shape)
@@ -47,6 +44,7 @@ class GANModule(L.LightningModule):
         self.counters = StepCounters()
         # Running means of D's outputs: logged, and the anchors of the LeCam regularizer.
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
+        self.reg = build_regularizer(cfg["reg"], self.d_real_mean, self.d_fake_mean)
         # Fixed noise (and labels) for sample grids: persistent buffers, so grids stay comparable
         # across resume. Conditional grids get one row per class.
         if len(self.data_shape) == 1:
@@ -71,62 +69,48 @@ class GANModule(L.LightningModule):
         for real, y in zip(reals[:-1], labels[:-1]):
             with torch.no_grad():
                 extra_fake = self.G(self.noise(len(real)), y)
-            self.update_d(opt_d, real, extra_fake, y)
-        real, y = reals[-1], labels[-1]
+            step.d_update(opt_d, self.d_loss, real, extra_fake, y, self.manual_backward)
+            self.counters.count_d_step()
 
-        # One G forward serves both updates; its graph is kept for the generator's backward.
-        fake = self.G(self.noise(len(real)), y)
+        # The GAN step (gan/step.py): one G forward; D learns from D(real) and D(fake.detach()); G
+        # learns through the undetached D(fake) while D is frozen.
+        d, g_loss = step.generator_step(self.G, self.D, opt_g, opt_d, self.noise(len(reals[-1])), reals[-1],
+                                        labels[-1], self.d_loss, self.g_loss, self.manual_backward)
+        self.counters.count_d_step()
 
-        # D update on D(real) and D(fake.detach()). detach() cuts the graph at `fake`: D's backward
-        # stops there, leaving G's gradients untouched and G's graph alive for the update below.
-        d_loss, real_logits, fake_logits = self.update_d(opt_d, real, fake.detach(), y)
-
-        # G update through the undetached fake, with D frozen: gradients flow through D's layers to
-        # `fake`, but none are computed for D's weights (cheaper, and opt_d's next step is not
-        # polluted). A fresh D forward is required: the logits above were computed with D's old
-        # weights, which opt_d.step() changed in place, so backpropagating through them would raise
-        # "modified by an inplace operation".
-        with frozen(self.D):
-            g_loss = self.loss.g(self.critic(fake, y))
-            opt_g.zero_grad(set_to_none=True)  # None, not zeros: no memset, no stale values
-            self.manual_backward(g_loss)
-        opt_g.step()
-
-        self.update_statistics(batch[0].shape[0], real_logits)
+        self.update_statistics(batch[0].shape[0], d.real_logits)
         if self.counters.g % self.cfg["log"]["every"] == 0:
             # .item() here and only here: one device sync per logging step, plain floats to the
             # loggers, and no tensor that could keep a graph alive.
             self.log_scalars({
-                "loss/d": d_loss.item(), "loss/g": g_loss.item(),
-                "d/real": real_logits.mean().item(), "d/fake": fake_logits.mean().item(),
+                "loss/d": d.loss.item(), "loss/g": g_loss.item(),
+                "d/real": d.real_logits.mean().item(), "d/fake": d.fake_logits.mean().item(),
                 "d/real_running": self.d_real_mean.value.item(), "d/fake_running": self.d_fake_mean.value.item(),
                 "grad_norm/g": grad_norm(self.G), "grad_norm/d": grad_norm(self.D),
                 **({"augment/p": self.augment.p.item()} if self.augment is not None else {}),
             })
 
-    def update_d(self, opt_d: Any, real: Tensor, fake: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """One discriminator update; ``fake`` arrives detached (or made under no_grad)."""
-        r1_due = self.reg["name"] == "r1" and self.counters.d % self.reg["every"] == 0
-        if r1_due:
+    def d_loss(self, real: Tensor, fake: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """What D minimises: the adversarial loss, plus the gradient penalty (wgan_gp) and the
+        regularizer. ``fake`` arrives detached (or made under no_grad). Returns (loss, logits on real,
+        logits on fake)."""
+        d_step = self.counters.d
+        if self.reg.needs_input_grad(d_step):
             real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
         real_logits, fake_logits = self.critic(real, y), self.critic(fake, y)
         self.d_real_mean.update(real_logits)
         self.d_fake_mean.update(fake_logits)
-        d_loss = self.loss.d(real_logits, fake_logits)
+        loss = self.loss.d(real_logits, fake_logits)
         if self.gp_weight:
-            d_loss = d_loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake)
-        if r1_due:  # lazy: every `every` D steps, its gain multiplied by `every` (StyleGAN2)
-            d_loss = d_loss + self.reg["gamma"] / 2 * self.reg["every"] * r1_penalty(real_logits, real)
-        if self.reg["name"] == "lecam":
-            d_loss = d_loss + self.reg["weight"] * lecam_penalty(
-                real_logits, fake_logits, self.d_real_mean.value, self.d_fake_mean.value)
-        opt_d.zero_grad(set_to_none=True)
-        self.manual_backward(d_loss)
-        opt_d.step()
-        self.counters.count_d_step()
-        return d_loss.detach(), real_logits.detach(), fake_logits.detach()
+            loss = loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake)
+        penalty = self.reg.penalty(d_step, real, real_logits, fake_logits)
+        return (loss if penalty is None else loss + penalty), real_logits, fake_logits
 
-    def critic(self, x: Tensor, y: Tensor) -> Tensor:
+    def g_loss(self, fake: Tensor, y: Tensor | None) -> Tensor:
+        """What G minimises: the adversarial loss on D's verdict about ``fake`` (D is frozen by the step)."""
+        return self.loss.g(self.critic(fake, y))
+
+    def critic(self, x: Tensor, y: Tensor | None) -> Tensor:
         """What D says about ``x``: augmented (when configured), then, for a conditional D,
         ``torch.cat((condition, x), dim=1)``."""
         if self.augment is not None:

@@ -7,10 +7,11 @@ import contextlib
 import pytest
 import torch
 from conftest import compose_config
+from mutation import D_NOT_FROZEN, NO_ZERO_GRAD_G, WITHOUT_DETACH, mutated_step
 
 import gan.module
 import gan.training
-from gan.audit import AuditError, check_plain_numbers
+from gan.audit import AuditError, check_plain_numbers, expected_to_change
 from gan.module import GANModule
 from gan.training import train
 
@@ -30,26 +31,66 @@ def test_the_real_step_passes_the_audit(tmp_path, overrides, d_steps):
     assert int(module.counters.g_steps) == 2 and int(module.counters.d_steps) == d_steps
 
 
-class MissingDetach(GANModule):
-    """A user's step that forgets fake.detach() in the D update."""
-
-    def training_step(self, batch, batch_idx):
-        opt_g, opt_d = self.optimizers()
-        real, y = batch
-        fake = self.G(self.noise(len(real)), y)
-        self.update_d(opt_d, real, fake, y)  # planted bug: should be fake.detach()
-
-
-def test_missing_detach_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(gan.training, "GANModule", MissingDetach)
-    with pytest.raises(AuditError, match=r"D update changed the gradient of G\.net\..*fake\.detach\(\)"):
+def test_missing_detach_is_caught(tmp_path):
+    with mutated_step(*WITHOUT_DETACH), pytest.raises(
+            AuditError, match=r"D update changed the gradient of G\.net\..*fake\.detach\(\)"):
         train(tiny(tmp_path))
 
 
-def test_unfrozen_d_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(gan.module, "frozen", lambda *modules: contextlib.nullcontext())  # planted bug
-    with pytest.raises(AuditError, match=r"G update gave D\.net\..* a gradient: D must be frozen"):
+def test_unfrozen_d_is_caught(tmp_path):
+    with mutated_step(*D_NOT_FROZEN), pytest.raises(
+            AuditError, match=r"G update gave D\.net\..* a gradient: D must be frozen"):
         train(tiny(tmp_path))
+
+
+def test_gradients_accumulated_across_steps_are_caught(tmp_path):
+    # Without opt_g.zero_grad, the second G backward would add to the first step's gradients.
+    with mutated_step(*NO_ZERO_GRAD_G), pytest.raises(
+            AuditError, match=r"G\.net\..* already holds a gradient before the G backward"):
+        train(tiny(tmp_path))
+
+
+class TouchesD(GANModule):
+    """A G loss that also writes one of D's buffers (one that no forward of D updates)."""
+
+    def g_loss(self, fake, y):
+        self.D.calls += 1
+        return super().g_loss(fake, y)
+
+
+def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
+    original_init = GANModule.__init__
+
+    def with_buffer(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.D.register_buffer("calls", torch.zeros(()))
+
+    monkeypatch.setattr(TouchesD, "__init__", with_buffer)
+    monkeypatch.setattr(gan.training, "GANModule", TouchesD)
+    with pytest.raises(AuditError, match=r"G update changed D\.calls"):
+        train(tiny(tmp_path))
+
+
+def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm(tmp_path):
+    """The policy the README states: in the G update D runs in train mode, so its BatchNorm running
+    statistics and spectral-norm vectors may move -- they do, and nothing else of D does. (A vector
+    that has converged stays put: the last layer's, whose weight has a single row.)"""
+    from omegaconf import OmegaConf
+
+    from gan import step
+
+    cfg = compose_config("debug=tiny", "model.spectral_norm=true", run_dir=tmp_path)
+    module = GANModule(OmegaConf.to_container(cfg, resolve=True), (1, 16, 16))
+    allowed = expected_to_change(module.D)
+    assert {"net.3.running_mean", "net.3.running_var", "net.3.num_batches_tracked"} <= allowed
+    assert {"net.0.parametrizations.weight.0._u", "net.0.parametrizations.weight.0._v"} <= allowed
+    before = {n: b.clone() for n, b in module.D.named_buffers()}
+    opt_g = torch.optim.Adam(module.G.parameters())
+    step.g_update(module.D, opt_g, module.g_loss, module.G(torch.randn(8, module.z_dim)), None)
+    changed = {n for n, b in module.D.named_buffers() if not torch.equal(b, before[n])}
+    assert changed <= allowed
+    assert {"net.3.running_mean", "net.3.running_var", "net.3.num_batches_tracked",
+            "net.0.parametrizations.weight.0._u", "net.0.parametrizations.weight.0._v"} <= changed
 
 
 @pytest.mark.parametrize("ema", ["true", "false"])

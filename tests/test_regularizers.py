@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
-from gan.losses import lecam_penalty, r1_penalty
+from gan.regularizers import lecam_penalty, r1_penalty
 
 X_REAL = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [0.0, -2.0]], dtype=torch.float64)
 X_FAKE = torch.tensor([[0.5, 0.5], [2.0, -1.0], [-1.5, 1.0]], dtype=torch.float64)
@@ -66,3 +67,62 @@ def test_spectral_norm_output_and_gradient_by_hand():
     (dw,) = torch.autograd.grad(f, w)
     expected = torch.outer(a, x) / sigma - (a @ w.detach() @ x) / sigma**2 * torch.outer(u, v)
     assert torch.allclose(dw, expected)
+
+
+# --- the penalties wired into D's loss (GANModule.d_loss), against a known critic ----------------------------
+
+W = torch.tensor([[0.6, -0.8]])  # |w| = 1.0: would zero the gradient penalty, so it is scaled below
+
+
+def ring_module(*overrides: str):
+    from conftest import compose_config
+    from omegaconf import OmegaConf
+
+    from gan.module import GANModule
+
+    cfg = compose_config("data=ring", "model=mlp", "augment=none", *overrides)
+    module = GANModule(OmegaConf.to_container(cfg, resolve=True), (2,))
+    # D(x) = w . x: grad_x D(x) = w for every x, so each penalty has a closed form.
+    module.D = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Flatten(0))
+    module.D[0].weight.data = (1.5 * W).to(torch.get_default_dtype())
+    return module
+
+
+def test_d_loss_adds_r1_with_gain_gamma_over_2_times_every_on_due_steps_only():
+    module = ring_module("reg=r1", "reg.gamma=2.0", "reg.every=4", "loss=nonsaturating")
+    w = module.D[0].weight.detach()[0]
+    real, fake = X_REAL.to(w.dtype), X_FAKE.to(w.dtype)
+    plain = F.softplus(-(real @ w)).mean() + F.softplus(fake @ w).mean()
+    r1 = w.pow(2).sum()  # E|grad_x D|^2 = |w|^2
+    loss, real_logits, fake_logits = module.d_loss(real, fake, None)  # D update 0: due
+    assert torch.allclose(loss, plain + 2.0 / 2 * 4 * r1)
+    assert torch.allclose(real_logits, real @ w) and torch.allclose(fake_logits, fake @ w)
+    module.counters.d = 1  # D update 1 of every 4: R1 not due
+    assert torch.allclose(module.d_loss(real, fake, None)[0], plain)
+
+
+def test_d_loss_adds_lecam_with_each_anchor_on_the_other_side():
+    module = ring_module("reg=lecam", "reg.weight=0.3", "loss=hinge")
+    w = module.D[0].weight.detach()[0]
+    real, fake = X_REAL.to(w.dtype), X_FAKE.to(w.dtype)
+    r, f = real @ w, fake @ w
+    # Running means already under way: d_loss first moves them 1% toward this batch, then anchors on them.
+    module.d_real_mean.value.fill_(2.0), module.d_real_mean.count.fill_(5)
+    module.d_fake_mean.value.fill_(-3.0), module.d_fake_mean.count.fill_(5)
+    real_anchor, fake_anchor = 2.0 + 0.01 * (r.mean() - 2.0), -3.0 + 0.01 * (f.mean() + 3.0)
+    hinge = F.relu(1 - r).mean() + F.relu(1 + f).mean()
+    lecam = (r - fake_anchor).pow(2).mean() + (f - real_anchor).pow(2).mean()
+    loss, _, _ = module.d_loss(real, fake, None)
+    assert torch.allclose(loss, hinge + 0.3 * lecam)
+    swapped = (r - real_anchor).pow(2).mean() + (f - fake_anchor).pow(2).mean()
+    assert not torch.allclose(loss, hinge + 0.3 * swapped)  # the anchors' sides are distinguishable here
+
+
+def test_d_loss_adds_the_gradient_penalty_times_its_weight():
+    module = ring_module("reg=none", "loss=wgan_gp", "loss.gp_weight=10.0")
+    w = module.D[0].weight.detach()[0]
+    real, fake = X_REAL.to(w.dtype), X_FAKE.to(w.dtype)
+    wasserstein = (fake @ w).mean() - (real @ w).mean()
+    gp = (w.norm() - 1).pow(2)  # |grad D(x_hat)| = |w| = 1.5 at every interpolate
+    loss, _, _ = module.d_loss(real, fake, None)
+    assert torch.allclose(loss, wasserstein + 10.0 * gp)

@@ -1,0 +1,75 @@
+"""The GAN training step, written once: training (gan/module.py), the demonstrations (``python -m
+gan.patterns``) and the tests all run these functions, so a claim measured on them is a claim about
+the step that trains.
+
+One generator step::
+
+    fake = G(z)                                # one G forward; its graph is kept for G's update
+    d_update(opt_d, d_loss, real, fake.detach())   # D learns from D(real) and D(fake.detach())
+    g_update(D, opt_g, g_loss, fake)           # G learns through D(fake), with D frozen
+
+What the networks minimise is passed in: ``d_loss(real, fake, labels) -> (loss, real_logits,
+fake_logits)`` and ``g_loss(fake, labels) -> loss`` (the adversarial loss, penalties, augmentation
+and conditioning live there). ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
+``manual_backward``, which adds mixed-precision loss scaling and DDP's hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from gan.contexts import frozen
+
+DLoss = Callable[[Tensor, Tensor, "Tensor | None"], tuple[Tensor, Tensor, Tensor]]
+GLoss = Callable[[Tensor, "Tensor | None"], Tensor]
+Backward = Callable[[Tensor], None]
+
+
+class DUpdate(NamedTuple):
+    """What one D update computed, detached: safe to keep and log without holding a graph."""
+
+    loss: Tensor
+    real_logits: Tensor
+    fake_logits: Tensor
+
+
+def generator_step(G: nn.Module, D: nn.Module, opt_g: Optimizer, opt_d: Optimizer, z: Tensor, real: Tensor,
+                   labels: Tensor | None, d_loss: DLoss, g_loss: GLoss,
+                   backward: Backward = Tensor.backward) -> tuple[DUpdate, Tensor]:
+    """One D update and one G update from a single G forward; returns (the D update, G's loss, detached)."""
+    fake = G(z, labels)  # one G forward serves both updates; its graph is kept for G's backward
+    # detach() cuts the graph at `fake`: D's backward stops there, so it computes nothing for G,
+    # leaves G's .grad untouched, and does not free G's graph, which g_update still needs.
+    d = d_update(opt_d, d_loss, real, fake.detach(), labels, backward)
+    return d, g_update(D, opt_g, g_loss, fake, labels, backward)
+
+
+def d_update(opt_d: Optimizer, d_loss: DLoss, real: Tensor, fake: Tensor, labels: Tensor | None,
+             backward: Backward = Tensor.backward) -> DUpdate:
+    """One discriminator update on ``real`` and ``fake`` (detached, or made under no_grad)."""
+    loss, real_logits, fake_logits = d_loss(real, fake, labels)
+    opt_d.zero_grad(set_to_none=True)  # None, not zeros: no memset, and no stale value to add to
+    backward(loss)
+    opt_d.step()
+    return DUpdate(loss.detach(), real_logits.detach(), fake_logits.detach())
+
+
+def g_update(D: nn.Module, opt_g: Optimizer, g_loss: GLoss, fake: Tensor, labels: Tensor | None,
+             backward: Backward = Tensor.backward) -> Tensor:
+    """One generator update through the undetached ``fake``, with D frozen.
+
+    Gradients flow through D's layers to ``fake`` and on into G, but none are computed for D's
+    weights: cheaper, and opt_d's next step is not polluted. D is run afresh here: logits computed
+    before opt_d.step() used D's old weights, which the step changed in place, so backpropagating
+    through them would raise "modified by an inplace operation".
+    """
+    with frozen(D):
+        loss = g_loss(fake, labels)
+        opt_g.zero_grad(set_to_none=True)
+        backward(loss)
+    opt_g.step()
+    return loss.detach()
