@@ -1,19 +1,24 @@
 """Measured demonstrations of the autograd patterns this project relies on: ``python -m gan.patterns``.
 
-Each claim is one function ``name(device, ...) -> Result`` that runs on the project's own modules
-(``gan.models``, ``gan.losses``, ``gan.contexts``) and returns what it measured plus a verdict.
-``tests/test_patterns.py`` calls the same functions and asserts on the measured values; ``main`` prints
-every result as one row of a markdown table (``--only NAME`` for one row, ``--device cuda`` on a GPU).
+Each claim is one function ``name(device, ...) -> Result`` that runs on the project's own code and
+returns what it measured and what the claim expects; the verdict compares the two (:class:`Result`).
+The claims about the GAN step run the training step itself (``gan.step``: ``generator_step``,
+``d_update``, ``g_update``; ``conditional`` runs the GANModule that train.py builds), so breaking the
+step breaks them (tests/test_patterns.py shows it). ``tests/test_patterns.py`` asserts every verdict;
+``main`` prints every result as one row of a markdown table (``--only NAME`` for one row, ``--device
+cuda`` on a GPU). ``timing`` and ``non_blocking`` are about CUDA and are skipped on a CPU.
 
 How things are measured:
 
 * time: the median of repeated runs, variants interleaved so that a busy machine slows them alike;
-  synchronized on CUDA, where kernels run asynchronously (claim ``timing``);
+  synchronized on CUDA, where kernels run asynchronously (claim ``timing``). On a CPU, times are
+  reported but no verdict depends on them: a shared machine makes small margins meaningless;
 * work: FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode`` (convolutions and matmuls) --
-  exact and repeatable where timings on a shared machine are not, so the tests assert on them;
-* memory on the CPU, which has no peak-allocation counter: the bytes of activations a graph holds
-  for backward, found by walking the graph (:func:`saved_bytes`); on CUDA also
-  ``torch.cuda.max_memory_allocated`` above the memory in use before the step.
+  exact and repeatable, so verdicts about cost use them;
+* memory on the CPU, which has no peak-allocation counter: the bytes of tensors autograd saves for
+  backward, counted as they are saved (:func:`packed_bytes`) or found by walking a graph
+  (:func:`saved_bytes`); on CUDA also ``torch.cuda.max_memory_allocated`` above the memory in use
+  before the step.
 """
 
 from __future__ import annotations
@@ -26,42 +31,96 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.autograd import Variable
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.flop_counter import FlopCounterMode
 
-from gan.errors import ConfigError
+from gan import step
 from gan.contexts import evaluating, frozen
+from gan.errors import ConfigError
 from gan.losses import get_loss
 from gan.models import DCGANDiscriminator, MLPDiscriminator, build_models, condition_input
+from gan.module import GANModule
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 Z_DIM = 16
 SIZE = 16  # image side of the small models most demonstrations use
 LOSS = get_loss("nonsaturating")  # the default loss of configs/train.yaml
 
 
+@dataclass(frozen=True)
+class Check:
+    """An expectation other than equality: ``test(value)`` must hold; ``text`` says what it asks."""
+
+    text: str
+    test: Callable[[Any], bool]
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def below(limit: float) -> Check:
+    return Check(f"< {limit:g}", lambda v: v < limit)
+
+
+def above(limit: float) -> Check:
+    return Check(f"> {limit:g}", lambda v: v > limit)
+
+
+def contains(text: str) -> Check:
+    return Check(f"an error containing {text!r}", lambda v: isinstance(v, str) and text in v)
+
+
+def approx(expected: list[float], tolerance: float = 1e-6) -> Check:
+    return Check(f"{expected} within {tolerance:g}",
+                 lambda v: len(v) == len(expected) and all(abs(a - b) <= tolerance for a, b in zip(v, expected)))
+
+
+def lookup(values: dict[str, Any], path: str) -> Any:
+    """``values["a"]["b"]`` for the path ``"a.b"``."""
+    for key in path.split("."):
+        values = values[key]
+    return values
+
+
 @dataclass
 class Result:
-    """One row of the table. ``values`` holds the raw measurements the tests assert on."""
+    """One row of the table: what was measured (``values``) and what the claim says it must be
+    (``expected``: a value path mapped to the value it must equal, or a :class:`Check`). The verdict
+    compares the two; the tests assert that verdict, so the claim's numbers are written here once."""
 
     name: str
     claim: str
     ran: str
     measured: str
     values: dict[str, Any]
-    ok: bool | None  # None: the claim needs a GPU and this run has none
+    expected: dict[str, Any] | None  # None: the claim needs a GPU and this run has none
+
+    def failures(self) -> list[str]:
+        """Each expectation the measurement did not meet, as ``path: measured X, expected Y``."""
+        out = []
+        for path, want in (self.expected or {}).items():
+            got = lookup(self.values, path)
+            if not (want.test(got) if isinstance(want, Check) else got == want):
+                out.append(f"{path}: measured {got!r}, expected {want!r}")
+        return out
+
+    @property
+    def ok(self) -> bool | None:
+        return None if self.expected is None else not self.failures()
 
     @property
     def verdict(self) -> str:
         if self.ok is None:
             return "skipped (CPU)"
-        return "holds" if self.ok else "DOES NOT HOLD"
+        return "holds" if self.ok else "DOES NOT HOLD: " + "; ".join(self.failures())
 
 
 # --- shared helpers ----------------------------------------------------------------------------------
@@ -165,6 +224,30 @@ def saved_bytes(output: Tensor, exclude: Iterable[Tensor] = (), stop_at: Tensor 
     return sum(storages.values())
 
 
+def packed_bytes(step: Callable[[], object], exclude: Iterable[Tensor] = ()) -> int:
+    """Bytes of the tensors autograd saves for backward while ``step()`` runs, counted at the moment
+    they are saved (``torch.autograd.graph.saved_tensors_hooks``); each storage once, ``exclude``'s
+    storages (weights, inputs) not at all."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        if t.untyped_storage().data_ptr() not in skip:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(storages.values())
+
+
+def versions_around_inplace_edit(t: Tensor) -> tuple[int, int]:
+    """``t._version`` before and after one in-place op: autograd's record of in-place edits."""
+    before = t._version
+    t.add_(0)
+    return before, t._version
+
+
 def counted_flops(step: Callable[[], object]) -> int:
     """FLOPs of the convolutions and matmuls ``step()`` runs."""
     with FlopCounterMode(display=False) as counter:
@@ -236,15 +319,14 @@ def to_device(device: torch.device) -> Result:
         "integer_buffer_moved": placed(batchnorm.num_batches_tracked, target),
         "plain_attribute_moved": placed(d.threshold, target),
     }
-    ok = (values["tensor_new_object"] and values["tensor_original_unchanged"] and values["tensor_moved"]
-          and values["tensor_no_op_is_self"] and values["module_returns_self"]
-          and values["same_parameter_objects"] and values["parameters_moved"]
-          and values["optimizer_sees_moved"] and values["float_buffers_moved"]
-          and not values["plain_attribute_moved"])
+    expected = {name: True for name in values}
+    # A dtype cast converts floating-point tensors only; a device move takes every buffer. A plain
+    # attribute is never moved.
+    expected.update(integer_buffer_moved=device.type == "cuda", plain_attribute_moved=False)
     return Result(
         "to_device",
-        "`.to()`/`.cuda()`/`.cpu()` give a tensor a new copy, but move a module's parameters and buffers "
-        "in place -- not its plain tensor attributes",
+        "`.to()`/`.cuda()`/`.cpu()` return a new tensor when they convert (the tensor itself when nothing "
+        "changes), but move a module's parameters and buffers in place -- not its plain tensor attributes",
         f"`t.to({target})`; DCGANDiscriminator with a plain `threshold` tensor, `D.to({target})`",
         f"tensor: new object {values['tensor_new_object']}, original unchanged "
         f"{values['tensor_original_unchanged']}, no-op `.to()`/`.cpu()` returns self "
@@ -254,7 +336,7 @@ def to_device(device: torch.device) -> Result:
         f"{values['float_buffers_moved']} (as new tensors: {values['buffer_new_object']}), integer buffer "
         f"`num_batches_tracked` moved {values['integer_buffer_moved']}, plain attribute moved "
         f"{values['plain_attribute_moved']}",
-        values, ok)
+        values, expected)
 
 
 # --- 2. requires_grad propagation ----------------------------------------------------------------------
@@ -273,8 +355,8 @@ def requires_grad(device: torch.device) -> Result:
     }
     with frozen(g):
         values["frozen_g_output_requires"] = g(z).requires_grad  # now no input does
-    ok = (values["one_input_requires"] and not values["no_input_requires"] and not values["z_requires"]
-          and values["g_output_requires"] and not values["frozen_g_output_requires"])
+    expected = {"one_input_requires": True, "no_input_requires": False, "z_requires": False,
+                "g_output_requires": True, "frozen_g_output_requires": False}
     return Result(
         "requires_grad",
         "a result requires grad if any input does, and not if none does",
@@ -282,7 +364,7 @@ def requires_grad(device: torch.device) -> Result:
         f"w*x+x: {values['one_input_requires']}, x*2+x: {values['no_input_requires']}; z: "
         f"{values['z_requires']}, G(z): {values['g_output_requires']}, G(z) with G frozen: "
         f"{values['frozen_g_output_requires']}",
-        values, ok)
+        values, expected)
 
 
 # --- 3. freezing with requires_grad_(False) ---------------------------------------------------------------
@@ -304,22 +386,31 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
     d.requires_grad_(True)
     d.zero_grad(set_to_none=True)
 
-    # The generator step with D frozen (gan.contexts.frozen), as gan/module.py does it, and with D
-    # trainable for comparison.
-    def g_loss(frozen_d: bool) -> Tensor:
+    # The G update of the training step (gan.step.g_update, which freezes D), against the same update
+    # with D left trainable. SGD with lr 0: the weights stay as they are across repeats.
+    opt_g = torch.optim.SGD(g.parameters(), lr=0.0)
+
+    def g_loss(fake: Tensor, labels: Tensor | None) -> Tensor:
+        return LOSS.g(d(fake))
+
+    def g_update(frozen_d: bool) -> Callable[[], object]:
         g.zero_grad(set_to_none=True)
         d.zero_grad(set_to_none=True)
-        # The graph records at forward time which weights need a gradient, so only the forward needs
-        # the context; the backward later skips D's weight gradients.
-        with frozen(d) if frozen_d else nullcontext():
-            return LOSS.g(d(g(z)))
+        fake = g(z)  # G's forward is not part of the comparison
+        if frozen_d:
+            return partial(step.g_update, d, opt_g, g_loss, fake, None)
 
-    flops_frozen = counted_flops(g_loss(True).backward)
+        def trainable() -> None:
+            opt_g.zero_grad(set_to_none=True)
+            g_loss(fake, None).backward()
+            opt_g.step()
+        return trainable
+
+    flops_frozen = counted_flops(g_update(True))
     g_step_d_no_grad, g_step_g_grad = no_grads(d), all_grads(g)
-    flops_trainable = counted_flops(g_loss(False).backward)
+    flops_trainable = counted_flops(g_update(False))
     trainable_d_grad = all_grads(d)
-    ms = median_ms(device, repeats, frozen=lambda: g_loss(True).backward,
-                   trainable=lambda: g_loss(False).backward)
+    ms = median_ms(device, repeats, frozen=lambda: g_update(True), trainable=lambda: g_update(False))
     values = {
         "finetune_body_no_grad": finetune_body_no_grad, "finetune_head_grad": finetune_head_grad,
         "g_step_d_no_grad": g_step_d_no_grad, "g_step_g_grad": g_step_g_grad,
@@ -328,20 +419,21 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
         "flop_ratio": flops_frozen / flops_trainable,
         "frozen_ms": ms["frozen"], "trainable_ms": ms["trainable"], "time_ratio": ms["frozen"] / ms["trainable"],
     }
-    ok = (finetune_body_no_grad and finetune_head_grad and g_step_d_no_grad and g_step_g_grad
-          and trainable_d_grad and values["flop_ratio"] < 1 and values["time_ratio"] < 1)
+    # Cost is judged by FLOPs, which are exact; the times are reported, not judged (a shared machine).
+    expected = {"finetune_body_no_grad": True, "finetune_head_grad": True, "g_step_d_no_grad": True,
+                "g_step_g_grad": True, "trainable_d_grad": True, "flop_ratio": below(1.0)}
     return Result(
         "freeze",
         "`requires_grad_(False)` (fine-tuning; the frozen D of the G step): frozen weights get no `.grad`, "
         "the rest still do, and the backward is cheaper",
-        f"DCGAN {size}x{size}, width {width}, batch {batch}: fine-tune D's last conv only; G-step backward "
-        f"of `loss.g(D(G(z)))` with `frozen(D)` vs D trainable, median of {repeats}",
+        f"DCGAN {size}x{size}, width {width}, batch {batch}: fine-tune D's last conv only; the training "
+        f"step's G update (`gan.step.g_update`, D frozen) vs the same update with D trainable, median of {repeats}",
         f"fine-tune: body .grad None {finetune_body_no_grad}, head .grad set {finetune_head_grad}; G step: "
         f"D .grad None {g_step_d_no_grad} (set when trainable: {trainable_d_grad}), G .grad set "
-        f"{g_step_g_grad}; backward {flops_frozen / 1e6:.1f} vs {flops_trainable / 1e6:.1f} MFLOP (ratio "
+        f"{g_step_g_grad}; G update {flops_frozen / 1e6:.1f} vs {flops_trainable / 1e6:.1f} MFLOP (ratio "
         f"{values['flop_ratio']:.2f}), {ms['frozen']:.1f} ms frozen vs {ms['trainable']:.1f} ms trainable "
         f"(ratio {values['time_ratio']:.2f})",
-        values, ok)
+        values, expected)
 
 
 # --- 4. volatile is gone --------------------------------------------------------------------------------
@@ -363,8 +455,10 @@ def volatile(device: torch.device) -> Result:
         "volatile_output_requires_grad": d(x).requires_grad,
         "no_grad_output_requires_grad": no_grad_out.requires_grad,
     }
-    ok = (any("volatile was removed" in w for w in values["warnings"]) and not volatile_flag
-          and values["volatile_output_requires_grad"] and not values["no_grad_output_requires_grad"])
+    expected = {"warnings": Check("a warning that volatile was removed",
+                                  lambda ws: any("volatile was removed" in w for w in ws)),
+                "variable_is_plain_tensor": True, "volatile_flag": False,
+                "volatile_output_requires_grad": True, "no_grad_output_requires_grad": False}
     return Result(
         "volatile",
         "`volatile` is gone; `torch.no_grad()` replaces it",
@@ -373,7 +467,7 @@ def volatile(device: torch.device) -> Result:
         f"Tensor {values['variable_is_plain_tensor']}, `.volatile` {volatile_flag}; D(volatile input) "
         f"requires grad {values['volatile_output_requires_grad']} (no effect); under no_grad "
         f"{values['no_grad_output_requires_grad']}",
-        values, ok)
+        values, expected)
 
 
 # --- 5. detach() and detach_() ------------------------------------------------------------------------------
@@ -401,9 +495,8 @@ def detach(device: torch.device) -> Result:
     values["detach__grad_fn_none"] = in_place.grad_fn is None
     values["detach__is_leaf"] = in_place.is_leaf
     values["detach__requires_grad"] = in_place.requires_grad
-    ok = (values["same_storage"] and not values["detached_requires_grad"] and values["original_requires_grad"]
-          and values["original_backprops"] and values["edit_visible"] and values["detach__grad_fn_none"]
-          and values["detach__is_leaf"] and not values["detach__requires_grad"])
+    expected = {name: True for name in values}
+    expected["detached_requires_grad"] = expected["detach__requires_grad"] = False
     return Result(
         "detach",
         "`detach()` shares storage and does not require grad, while the original can still backprop; "
@@ -415,7 +508,7 @@ def detach(device: torch.device) -> Result:
         f"{values['original_backprops']}, in-place edit visible in fake {values['edit_visible']}; "
         f"detach_(): grad_fn None {values['detach__grad_fn_none']}, leaf {values['detach__is_leaf']}, "
         f"requires grad {values['detach__requires_grad']}",
-        values, ok)
+        values, expected)
 
 
 # --- 6. the D step three ways ----------------------------------------------------------------------------
@@ -427,87 +520,127 @@ def adam(module: nn.Module) -> torch.optim.Adam:
     return torch.optim.Adam(module.parameters(), lr=2e-4, betas=(0.5, 0.999))
 
 
-def d_step(variant: str, d: nn.Module, opt_d: torch.optim.Optimizer, real: Tensor, fake: Tensor) -> Tensor:
-    """One D update; ``variant`` says how the graph through G is handled. Returns the D loss."""
-    d_input = fake.detach() if variant == "detach" else fake
-    d_loss = LOSS.d(d(real), d(d_input))
-    opt_d.zero_grad(set_to_none=True)
-    d_loss.backward(retain_graph=variant == "retain_graph")
-    opt_d.step()
+def generator_step_variant(variant: str, g: nn.Module, d: nn.Module, z: Tensor, real: Tensor,
+                           d_loss: step.DLoss) -> Callable[[], object]:
+    """One generator step of ``variant``: ``detach`` is the training step itself
+    (:func:`gan.step.generator_step`); the other two are built from its D and G updates for contrast:
+    the D update on the undetached fake, with ``retain_graph=True`` or with neither."""
+    opt_g, opt_d = adam(g), adam(d)
+
+    def g_loss(fake: Tensor, labels: Tensor | None) -> Tensor:
+        return LOSS.g(d(fake))
+
+    if variant == "detach":
+        return partial(step.generator_step, g, d, opt_g, opt_d, z, real, None, d_loss, g_loss)
+
+    def contrast() -> None:
+        fake = g(z)
+        step.d_update(opt_d, d_loss, real, fake, None, partial(Tensor.backward, retain_graph=variant == "retain_graph"))
+        step.g_update(d, opt_g, g_loss, fake, None)
+    return contrast
+
+
+def plain_d_loss(d: nn.Module) -> step.DLoss:
+    def d_loss(real: Tensor, fake: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        real_logits, fake_logits = d(real), d(fake)
+        return LOSS.d(real_logits, fake_logits), real_logits, fake_logits
     return d_loss
 
 
-def g_step(g: nn.Module, d: nn.Module, opt_g: torch.optim.Optimizer, fake: Tensor) -> None:
-    """One G update through the undetached ``fake`` with D frozen, as in gan/module.py."""
-    with frozen(d):
-        g_loss = LOSS.g(d(fake))
-        opt_g.zero_grad(set_to_none=True)  # also clears what the undetached D step left in G's .grad
-        g_loss.backward()
-    opt_g.step()
+def observed_step(variant: str, g: nn.Module, d: nn.Module, z: Tensor, real: Tensor) -> dict[str, Any]:
+    """Runs one generator step of ``variant`` and records, right after D's backward (opt_d's pre-step
+    hook), what it did to G and to the graphs; and D's weights after its update."""
+    seen: dict[str, Any] = {}
+    inner = plain_d_loss(d)
+
+    def d_loss(real: Tensor, fake: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        seen["d_input_requires_grad"] = fake.requires_grad
+        out = inner(real, fake, labels)
+        seen["d_loss"] = out[0]
+        return out
+
+    run = generator_step_variant(variant, g, d, z, real, d_loss)
+    g.register_forward_hook(lambda module, inputs, output: seen.__setitem__("fake", output))
+    state = [*state_tensors(g, d), real, z]
+
+    def after_d_backward() -> None:
+        seen["g_grads_touched"] = not no_grads(g)
+        seen["d_graph_bytes"] = saved_bytes(seen["d_loss"], exclude=state, stop_at=seen["fake"])
+        seen["g_graph_bytes"] = saved_bytes(seen["fake"], exclude=state)
+
+    def after_d_update() -> None:
+        seen["d_weights"] = [p.detach().clone() for p in d.parameters()]
+
+    def is_opt_d(optimizer: torch.optim.Optimizer) -> bool:
+        return optimizer.param_groups[0]["params"][0] is next(d.parameters())
+
+    # Global optimizer hooks: the step builds its own optimizers; only D's trigger a record.
+    hooks = [register_optimizer_step_pre_hook(
+                 lambda opt, *args: after_d_backward() if is_opt_d(opt) else None),
+             register_optimizer_step_post_hook(
+                 lambda opt, *args: after_d_update() if is_opt_d(opt) else None)]
+    try:
+        with FlopCounterMode(display=False) as flops:
+            seen["g_step_error"] = raised(run)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    seen["flops"] = flops.get_total_flops()
+    return seen
 
 
 def gan_d_step(device: torch.device, *, size: int = 32, width: int = 32, batch: int = 64,
                repeats: int = 31) -> Result:
     g0, d0 = make_gan(device, size=size, width=width)
     z, real = gan_inputs(device, batch, size)
-    runs: dict[str, dict[str, Any]] = {}
-    for variant in D_STEP_VARIANTS:
-        g, d = copy.deepcopy(g0), copy.deepcopy(d0)  # identical starting states, identical noise
-        opt_g, opt_d = adam(g), adam(d)
-        fake = g(z)
-        with FlopCounterMode(display=False) as flops:
-            d_loss = d_step(variant, d, opt_d, real, fake)
-        runs[variant] = {
-            "flops": flops.get_total_flops(),
-            "g_grads_touched": not no_grads(g),
-            "held_bytes": saved_bytes(d_loss, exclude=[*state_tensors(g, d), real], stop_at=fake),
-            "d_weights": [p.detach().clone() for p in d.parameters()],
-            "g_step_error": raised(partial(g_step, g, d, opt_g, fake)),
-        }
+    # Identical starting states and inputs for every variant.
+    runs = {v: observed_step(v, copy.deepcopy(g0), copy.deepcopy(d0), z, real) for v in D_STEP_VARIANTS}
 
-    def timed_d_step(variant: str) -> Callable[[], Callable[[], object]]:
+    def timed(variant: str) -> Callable[[], Callable[[], object]]:
         g, d = copy.deepcopy(g0), copy.deepcopy(d0)
-        opt_d = adam(d)
+        run = generator_step_variant(variant, g, d, z, real, plain_d_loss(d))
+        return lambda: partial(raised, run)  # a broken step is reported by the verdict, not raised here
 
-        def prepare() -> Callable[[], object]:
-            fake = g(z)  # a fresh graph through G for every timed D step
-            return lambda: d_step(variant, d, opt_d, real, fake)
-        return prepare
-
-    ms = median_ms(device, repeats, detach=timed_d_step("detach"), retain_graph=timed_d_step("retain_graph"))
-    peak = {variant: cuda_peak_bytes(device, timed_d_step(variant)()) for variant in ("detach", "retain_graph")}
-
+    ms = median_ms(device, repeats, detach=timed("detach"), retain_graph=timed("retain_graph"))
+    peak = {v: cuda_peak_bytes(device, timed(v)()) for v in ("detach", "retain_graph")}
     a, b, c = (runs[v] for v in D_STEP_VARIANTS)
-    peak_text = ("" if device.type != "cuda" else
-                 f" CUDA peak during the D step {mib(peak['detach'])} (a) vs {mib(peak['retain_graph'])} (b);")
-    max_diff = max((x - y).abs().max().item() for x, y in zip(a["d_weights"], b["d_weights"]))
-    values = {
-        "d_step_flops": {v: runs[v]["flops"] for v in D_STEP_VARIANTS},
-        "g_grads_touched": {v: runs[v]["g_grads_touched"] for v in D_STEP_VARIANTS},
-        "held_bytes": {v: runs[v]["held_bytes"] for v in D_STEP_VARIANTS},
-        "g_step_error": {v: runs[v]["g_step_error"] for v in D_STEP_VARIANTS},
-        "d_weights_max_diff": max_diff,
-        "d_step_ms": ms,
-        "cuda_peak_bytes": peak,
+    values = {key: {v: runs[v][key] for v in D_STEP_VARIANTS}
+              for key in ("g_grads_touched", "d_input_requires_grad", "d_graph_bytes", "g_graph_bytes",
+                          "g_step_error", "flops")}
+    values.update(
+        flop_ratio=a["flops"] / b["flops"],
+        d_weights_max_diff=max((x - y).abs().max().item() for x, y in zip(a["d_weights"], b["d_weights"])),
+        step_ms=ms, cuda_peak_bytes=peak)
+    expected = {
+        "g_grads_touched": {"detach": False, "retain_graph": True, "neither": True},
+        "d_input_requires_grad": {"detach": False, "retain_graph": True, "neither": True},
+        # After D's backward: D's part of the graph is freed unless retained; G's part is still alive
+        # for the G update -- except when the D backward ran through it and freed it (neither).
+        "d_graph_bytes.detach": 0, "d_graph_bytes.retain_graph": above(0), "d_graph_bytes.neither": 0,
+        "g_graph_bytes.detach": above(0), "g_graph_bytes.retain_graph": above(0), "g_graph_bytes.neither": 0,
+        "g_step_error.detach": None, "g_step_error.retain_graph": None,
+        "g_step_error.neither": contains("backward through the graph a second time"),
+        "flop_ratio": below(1.0),  # (b)'s D backward also runs through G, for nothing
+        "d_weights_max_diff": below(1e-6),  # one Adam step moves weights by ~2e-4
     }
-    ok = (not a["g_grads_touched"] and b["g_grads_touched"] and a["flops"] < b["flops"] and max_diff <= 1e-6
-          and a["g_step_error"] is None and b["g_step_error"] is None
-          and c["g_step_error"] is not None and "backward through the graph a second time" in c["g_step_error"]
-          and a["held_bytes"] == 0 and b["held_bytes"] > 0)
+    peak_text = ("" if device.type != "cuda" else
+                 f" CUDA peak {mib(peak['detach'])} (a) vs {mib(peak['retain_graph'])} (b);")
     return Result(
         "gan_d_step",
-        "the D step (a) on `fake.detach()` leaves G alone; (b) without detach it needs `retain_graph=True` "
-        "and backprops into G for nothing; (c) with neither the G backward fails; (a) and (b) update D "
-        "identically",
-        f"real G, D (DCGAN {size}x{size}, width {width}, batch {batch}), `nonsaturating` loss, Adam; one "
-        f"D step then one G step per variant from identical states; D-step time median of {repeats}",
-        f"G .grad set by the D step: (a) {a['g_grads_touched']}, (b) {b['g_grads_touched']}; D weights "
-        f"(a) vs (b) max diff {max_diff:.1e}; D step {a['flops'] / 1e6:.1f} MFLOP (a) vs "
-        f"{b['flops'] / 1e6:.1f} MFLOP (b), {ms['detach']:.1f} ms (a) vs {ms['retain_graph']:.1f} ms (b); "
-        f"D-loss graph still held after backward (saved activations): {mib(a['held_bytes'])} (a) vs "
-        f"{mib(b['held_bytes'])} (b);{peak_text} G step: (a), (b) {quote(a['g_step_error'])}, "
-        f"(c) {quote(c['g_step_error'], 70)}",
-        values, ok)
+        "the training step's D update on `fake.detach()` (a) leaves G alone and G's graph alive; (b) without "
+        "detach it needs `retain_graph=True` and backprops into G for nothing; (c) with neither the G "
+        "backward fails; (a) and (b) update D identically",
+        f"(a) `gan.step.generator_step`, (b) and (c) its `d_update` on the undetached fake then its "
+        f"`g_update`; DCGAN {size}x{size}, width {width}, batch {batch}, `nonsaturating` loss, Adam, identical "
+        f"starting states; measured right after D's backward; step time median of {repeats}",
+        f"G .grad set by the D update: (a) {a['g_grads_touched']}, (b) {b['g_grads_touched']}, (c) "
+        f"{c['g_grads_touched']}; graph held after D's backward, D part / G part: (a) {mib(a['d_graph_bytes'])} / "
+        f"{mib(a['g_graph_bytes'])}, (b) {mib(b['d_graph_bytes'])} / {mib(b['g_graph_bytes'])}, (c) "
+        f"{mib(c['d_graph_bytes'])} / {mib(c['g_graph_bytes'])}; D weights (a) vs (b) max diff "
+        f"{values['d_weights_max_diff']:.1e}; whole step {a['flops'] / 1e6:.1f} MFLOP (a) vs {b['flops'] / 1e6:.1f} "
+        f"(b), {ms['detach']:.1f} ms vs {ms['retain_graph']:.1f} ms;{peak_text} G update: (a), (b) "
+        f"{quote(a['g_step_error'])}, (c) {quote(c['g_step_error'], 70)}",
+        values, expected)
 
 
 # --- 7. reusing D(fake) after opt_d.step() ---------------------------------------------------------------
@@ -533,12 +666,13 @@ def reuse_d_fake(device: torch.device) -> Result:
         fresh_error = raised(lambda: LOSS.g(d(fake)).backward())
     values = {
         "weight_version": (version_before, version_after),
+        "weight_version_bumped": version_after > version_before,
         "stale_error": stale_error,
         "fresh_error": fresh_error,
         "fresh_g_grads": all_grads(g),
     }
-    ok = (version_after > version_before and stale_error is not None
-          and "modified by an inplace operation" in stale_error and fresh_error is None and values["fresh_g_grads"])
+    expected = {"weight_version_bumped": True, "stale_error": contains("modified by an inplace operation"),
+                "fresh_error": None, "fresh_g_grads": True}
     return Result(
         "reuse_d_fake",
         "reusing `D(fake)` computed before `opt_d.step()` for the G loss fails; a fresh D forward works",
@@ -547,36 +681,56 @@ def reuse_d_fake(device: torch.device) -> Result:
         f"D's last conv weight version {version_before} -> {version_after} after opt_d.step(); reused "
         f"logits: {quote(stale_error.split(' Hint:')[0], 200)}; fresh forward: {quote(fresh_error)}, G .grad set "
         f"{values['fresh_g_grads']}",
-        values, ok)
+        values, expected)
 
 
 # --- 8. conditional discriminator input --------------------------------------------------------------
 
 
-def gradient_split(g: nn.Module, d: nn.Module, z: Tensor, real: Tensor, labels: Tensor | None,
-                   num_classes: int) -> dict[str, bool]:
-    """Who gets gradients in the D step (detached fake) and the G step (frozen D)."""
+def training_module(device: torch.device, num_classes: int = 0, width: int = 8) -> GANModule:
+    """The GANModule that ``python train.py`` builds -- composed from the project's configs -- for
+    1-channel SIZE x SIZE images, with augmentation and regularizers off (D's loss is the plain loss)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
-    def critic(x: Tensor) -> Tensor:
-        if labels is None:
-            return d(x)
-        return d(torch.cat((condition_input(labels, num_classes, tuple(x.shape[1:])), x), dim=1))
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "data=digits", "augment=none", "reg=none", "loss=nonsaturating", f"model.width={width}",
+            f"data.image_size={SIZE}", f"train.z_dim={Z_DIM}", f"model.conditional={bool(num_classes)}",
+            "paths.run_dir=unused"])
+    return GANModule(OmegaConf.to_container(cfg, resolve=True), (1, SIZE, SIZE), num_classes).to(device)
 
-    fake = g(z, labels)
-    LOSS.d(critic(real), critic(fake.detach())).backward()
-    split = {"d_step_d_grads": all_grads(d), "d_step_g_untouched": no_grads(g)}
-    d.zero_grad(set_to_none=True)
-    with frozen(d):
-        LOSS.g(critic(fake)).backward()
-    split.update(g_step_g_grads=all_grads(g), g_step_d_untouched=no_grads(d))
+
+def gradient_split(module: GANModule, z: Tensor, real: Tensor, labels: Tensor | None) -> dict[str, bool]:
+    """Who gets gradients in one training step of ``module`` (gan.step.generator_step, with the
+    module's own losses and conditional critic), observed before each optimizer step."""
+    g, d = module.G, module.D
+    opt_g, opt_d = adam(g), adam(d)
+    split: dict[str, bool] = {}
+    d_grads: list[Tensor] = []
+
+    def before_step(optimizer: torch.optim.Optimizer, *args: Any) -> None:
+        if optimizer is opt_d:
+            split.update(d_step_d_grads=all_grads(d), d_step_g_untouched=no_grads(g))
+            d_grads.extend(p.grad.clone() for p in d.parameters())
+        elif optimizer is opt_g:
+            split.update(g_step_g_grads=all_grads(g), g_step_d_untouched=all(
+                torch.equal(p.grad, before) for p, before in zip(d.parameters(), d_grads)))
+
+    hook = register_optimizer_step_pre_hook(before_step)
+    try:
+        step.generator_step(g, d, opt_g, opt_d, z, real, labels, module.d_loss, module.g_loss)
+    finally:
+        hook.remove()
     return split
 
 
 def conditional(device: torch.device, *, num_classes: int = 10) -> Result:
     z, real = gan_inputs(device, 8)
     labels = torch.arange(8, device=device) % num_classes
-    unconditional_split = gradient_split(*make_gan(device), z, real, None, 0)
-    g, d = make_gan(device, num_classes=num_classes)
+    unconditional_split = gradient_split(training_module(device), z, real, None)
+    module = training_module(device, num_classes)
+    g, d = module.G, module.D
     condition = condition_input(labels, num_classes, tuple(real.shape[1:]))
     fake = g(z, labels)
     d_in = [m for m in d.modules() if isinstance(m, nn.Conv2d)][0].in_channels
@@ -586,23 +740,25 @@ def conditional(device: torch.device, *, num_classes: int = 10) -> Result:
         "d_step_input_requires_grad": torch.cat((condition, fake.detach()), dim=1).requires_grad,
         "g_step_input_requires_grad": torch.cat((condition, fake), dim=1).requires_grad,
         "unconditional": unconditional_split,
-        "conditional": gradient_split(g, d, z, real, labels, num_classes),
+        "conditional": gradient_split(module, z, real, labels),
     }
-    ok = (d_in == 1 + num_classes and not values["condition_requires_grad"]
-          and not values["d_step_input_requires_grad"] and values["g_step_input_requires_grad"]
-          and values["conditional"] == values["unconditional"] and all(values["conditional"].values()))
+    split_holds = {"d_step_d_grads": True, "d_step_g_untouched": True, "g_step_g_grads": True,
+                   "g_step_d_untouched": True}
+    expected = {"d_in_channels": 1 + num_classes, "condition_requires_grad": False,
+                "d_step_input_requires_grad": False, "g_step_input_requires_grad": True,
+                "unconditional": split_holds, "conditional": split_holds}
     split = ", ".join(f"{k} {v}" for k, v in values["conditional"].items())
     return Result(
         "conditional",
         "a conditional D input `torch.cat((condition, fake.detach()), 1)` in the D step and the undetached "
         "cat in the G step split gradients as in the unconditional case",
-        f"`build_models(..., num_classes={num_classes})` (D in_channels 1 + {num_classes}), "
-        "`condition_input` maps; D step then G step with `frozen(D)`, conditional and unconditional",
+        f"the GANModule train.py builds, with `model.conditional=true` ({num_classes} classes) and without: "
+        "one `gan.step.generator_step` with the module's own losses and critic",
         f"D in_channels {d_in}; requires grad: condition {values['condition_requires_grad']}, D-step cat "
         f"{values['d_step_input_requires_grad']}, G-step cat {values['g_step_input_requires_grad']}; "
         f"conditional split: {split}; same as unconditional "
         f"{values['conditional'] == values['unconditional']}",
-        values, ok)
+        values, expected)
 
 
 # --- 9. timing CUDA work ---------------------------------------------------------------------------------
@@ -639,13 +795,14 @@ def timing(device: torch.device, *, size: int = 4096, matmuls: int = 20) -> Resu
     end.record()
     end.synchronize()
     events = begin.elapsed_time(end)
-    values = {"unsynced_ms": unsynced, "synced_ms": synced, "events_ms": events}
-    ok = unsynced < 0.5 * synced and abs(events - synced) <= 0.1 * synced
+    values = {"unsynced_ms": unsynced, "synced_ms": synced, "events_ms": events,
+              "unsynced_share": unsynced / synced, "events_deviation": abs(events - synced) / synced}
+    expected = {"unsynced_share": below(0.5), "events_deviation": below(0.1)}
     return Result(
         "timing", claim, f"{matmuls} matmuls {size}x{size} on {device}: wall time without sync, with "
         "sync, and between two CUDA events",
         f"without sync {unsynced:.2f} ms, with sync {synced:.2f} ms, CUDA events {events:.2f} ms",
-        values, ok)
+        values, expected)
 
 
 # --- 10. evaluation under no_grad -------------------------------------------------------------------------
@@ -667,9 +824,11 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
         finally:
             g.train()
 
-    sample = evaluate()
     exclude = [*state_tensors(g), z]
-    grad_bytes, no_grad_bytes = saved_bytes(evaluate_with_autograd(), exclude), saved_bytes(sample, exclude)
+    # Counted as autograd saves them, not by walking the result's graph: a graph-free result would
+    # say 0 by construction; this counts what the forward actually kept for a backward.
+    grad_bytes, no_grad_bytes = packed_bytes(evaluate_with_autograd, exclude), packed_bytes(evaluate, exclude)
+    sample = evaluate()
     peak_grad, peak_no_grad = cuda_peak_bytes(device, evaluate_with_autograd), cuda_peak_bytes(device, evaluate)
 
     with torch.no_grad():
@@ -708,18 +867,19 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
         "no_grad_ms": ms["no_grad"],
         "inference_ms": ms["inference_mode"],
         "inference_ratio": ms["inference_mode"] / ms["no_grad"],
-        "no_grad_sample_version": sample._version,
+        "no_grad_sample_versions": versions_around_inplace_edit(sample),
         "inference_sample_version_error": raised(lambda: inference_sample._version),
         # no_grad samples are ordinary tensors: D can still train on them; inference tensors cannot.
         "no_grad_sample_error": raised(lambda: LOSS.d(d(real), d(sample)).backward()),
         "inference_sample_error": raised(lambda: LOSS.d(d(real), d(inference_sample)).backward()),
     }
-    ok = (not values["output_requires_grad"] and values["output_grad_fn_none"] and no_grad_bytes == 0
-          and grad_bytes > 0 and values["created_inside_requires_grad"]
-          and not values["computed_inside_requires_grad"] and values["parameter_inside_requires_grad"]
-          and values["no_grad_sample_error"] is None
-          and "Inference tensors cannot be saved for backward" in (values["inference_sample_error"] or "")
-          and values["inference_sample_version_error"] is not None and values["inference_ratio"] < 1)
+    # inference_ratio is reported, not judged: a per-op saving of microseconds, on a shared machine.
+    expected = {"output_requires_grad": False, "output_grad_fn_none": True, "saved_bytes_no_grad": 0,
+                "saved_bytes_grad": above(0), "created_inside_requires_grad": True,
+                "computed_inside_requires_grad": False, "parameter_inside_requires_grad": True,
+                "no_grad_sample_versions": (0, 1), "no_grad_sample_error": None,
+                "inference_sample_version_error": contains("version counter"),
+                "inference_sample_error": contains("Inference tensors cannot be saved for backward")}
     peak_text = ("" if device.type != "cuda" else
                  f" CUDA peak {mib(peak_no_grad)} vs {mib(peak_grad)} (ratio {peak_no_grad / peak_grad:.2f});")
     return Result(
@@ -737,11 +897,12 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
         f"{values['computed_inside_requires_grad']}, new module's Parameters "
         f"{values['parameter_inside_requires_grad']}; MLP G sampling: inference_mode "
         f"{ms['inference_mode']:.2f} ms vs no_grad {ms['no_grad']:.2f} ms (ratio {values['inference_ratio']:.2f}); "
-        f"version counter: no_grad sample at {values['no_grad_sample_version']}, inference sample "
+        f"version counter of a no_grad sample before/after an in-place edit "
+        f"{values['no_grad_sample_versions']}, of an inference sample "
         f"{quote(values['inference_sample_version_error'])}; D on no_grad samples "
         f"{quote(values['no_grad_sample_error'])}, on inference samples "
         f"{quote(values['inference_sample_error'], 60)}",
-        values, ok)
+        values, expected)
 
 
 # --- 11. non_blocking copies from pinned memory -------------------------------------------------------------
@@ -756,7 +917,7 @@ def busy(ms: float) -> None:
 
 def non_blocking(device: torch.device, *, batch: int = 1024, size: int = 64, steps: int = 10,
                  repeats: int = 3) -> Result:
-    claim = ("`.to(device, non_blocking=True)` from pinned memory lets the copy overlap with other work")
+    claim = "`.to(device, non_blocking=True)` from pinned memory lets the copy overlap with other work"
     if device.type != "cuda":
         return Result(
             "non_blocking", claim, "nothing: CPU run",
@@ -800,8 +961,9 @@ def non_blocking(device: torch.device, *, batch: int = 1024, size: int = 64, ste
         "blocking_call_ms": call_ms(False),
         "non_blocking_call_ms": call_ms(True),
     }
-    ok = (values["non_blocking_step_ms"] < 0.9 * values["blocking_step_ms"]
-          and values["non_blocking_call_ms"] < values["blocking_call_ms"])
+    values["step_ratio"] = values["non_blocking_step_ms"] / values["blocking_step_ms"]
+    values["call_ratio"] = values["non_blocking_call_ms"] / values["blocking_call_ms"]
+    expected = {"pinned": True, "step_ratio": below(0.9), "call_ratio": below(1.0)}
     mb = pinned[0].nbytes / 2**20
     return Result(
         "non_blocking", claim,
@@ -810,7 +972,7 @@ def non_blocking(device: torch.device, *, batch: int = 1024, size: int = 64, ste
         f"per step {values['blocking_step_ms']:.2f} ms blocking vs {values['non_blocking_step_ms']:.2f} ms "
         f"non_blocking; host held inside `.to()` {values['blocking_call_ms']:.3f} ms vs "
         f"{values['non_blocking_call_ms']:.3f} ms",
-        values, ok)
+        values, expected)
 
 
 # --- 12-14. leaves, backward and optimizers on a scalar example ---------------------------------------------
@@ -852,10 +1014,11 @@ def leaf(device: torch.device) -> Result:
     values["autograd_grad"] = dict(zip("abcy", (t.item() for t in grads)))
     values["autograd_grad_left_dot_grad_none"] = all(t.grad is None for t in (a, b, c))
 
-    expected = {"a": 28.0, "b": 14.0, "c": 14.0}
-    ok = (values["is_leaf"] == {"x": True, "a": True, "y": False} and values["backward_grads"] == expected
-          and x.grad is None and y_grad is None and values["retained_y_grad"] == 14.0
-          and values["autograd_grad"] == {**expected, "y": 14.0} and values["autograd_grad_left_dot_grad_none"])
+    grads_by_hand = {"a": 28.0, "b": 14.0, "c": 14.0}
+    expected = {"is_leaf": {"x": True, "a": True, "y": False}, "backward_grads": grads_by_hand,
+                "x_grad": None, "y_grad": None, "y_grad_warning": contains("retain_grad"),
+                "retained_y_grad": 14.0, "autograd_grad": {**grads_by_hand, "y": 14.0},
+                "autograd_grad_left_dot_grad_none": True}
     return Result(
         "leaf",
         "`backward()` fills `.grad` only on leaves; `retain_grad()` keeps a non-leaf's; "
@@ -867,7 +1030,7 @@ def leaf(device: torch.device) -> Result:
         f"without requires_grad); retain_grad: y.grad {values['retained_y_grad']:g}; autograd.grad: "
         + ", ".join(f"dz/d{k} {v:g}" for k, v in values["autograd_grad"].items())
         + f", .grad left None {values['autograd_grad_left_dot_grad_none']}",
-        values, ok)
+        values, expected)
 
 
 def backward_needs_grad(device: torch.device) -> Result:
@@ -882,15 +1045,15 @@ def backward_needs_grad(device: torch.device) -> Result:
         "error": raised(wrong.backward),
         "right_requires_grad": right.requires_grad,
     }
-    ok = (not values["wrong_requires_grad"] and values["right_requires_grad"] and values["error"] is not None
-          and "element 0 of tensors does not require grad" in values["error"])
+    expected = {"wrong_requires_grad": False, "error": contains("element 0 of tensors does not require grad"),
+                "right_requires_grad": True}
     return Result(
         "backward_needs_grad",
         "a loss that does not require grad cannot `backward()`",
         "G loss on `D(fake.detach())` with `frozen(D)`: no input requires grad",
         f"loss requires grad {values['wrong_requires_grad']}; backward: {quote(values['error'])}; "
         f"on the undetached fake the loss requires grad {values['right_requires_grad']}",
-        values, ok)
+        values, expected)
 
 
 def optimizer_leaf(device: torch.device) -> Result:
@@ -903,8 +1066,8 @@ def optimizer_leaf(device: torch.device) -> Result:
     z.backward()
     optimizer.step()
     values = {"moved_is_leaf": moved.is_leaf, "error": error, "after_step": [t.item() for t in (a, b, c)]}
-    ok = (error is not None and "can't optimize a non-leaf Tensor" in error
-          and all(abs(v - e) < 1e-6 for v, e in zip(values["after_step"], (0.72, 1.86, 2.86))))
+    expected = {"moved_is_leaf": False, "error": contains("can't optimize a non-leaf Tensor"),
+                "after_step": approx([0.72, 1.86, 2.86])}
     return Result(
         "optimizer_leaf",
         "an optimizer refuses a non-leaf tensor; SGD(lr=0.01) moves a, b, c of the example above to "
@@ -912,7 +1075,7 @@ def optimizer_leaf(device: torch.device) -> Result:
         f"`SGD([torch.ones(3, requires_grad=True).to({target})])`; one SGD step on z(a, b, c)",
         f"leaf {values['moved_is_leaf']}: {quote(error)}; a, b, c after one step "
         + ", ".join(f"{v:.2f}" for v in values["after_step"]),
-        values, ok)
+        values, expected)
 
 
 # --- 15. tensor attribute vs Parameter vs buffer ------------------------------------------------------------
@@ -984,7 +1147,7 @@ def parameter_buffer(device: torch.device) -> Result:
         "`torch.save` + `torch.load(weights_only=True)` into a fresh module",
         f"in parameters()/state_dict()/follows .to()/updated by the optimizer/survives save+load -- {kinds}; "
         f"passed explicitly: buffer updated {updated_explicitly['buffer']}, plain {updated_explicitly['plain']}",
-        values, values == expected)
+        values, expected)
 
 
 # --- the table ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from mutation import D_NOT_FROZEN, WITHOUT_DETACH, mutated_step
 
 from gan import patterns
 
@@ -32,157 +33,63 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def test_to_device_copies_tensors_and_moves_modules_in_place() -> None:
-    v = patterns.to_device(CPU).values
-    assert v["tensor_new_object"] and v["tensor_moved"] and v["tensor_original_unchanged"]
-    assert v["tensor_no_op_is_self"]
-    assert v["module_returns_self"] and v["same_parameter_objects"] and v["parameters_moved"]
-    assert v["optimizer_sees_moved"]
-    assert v["float_buffers_moved"] and v["buffer_new_object"]
-    assert not v["integer_buffer_moved"]  # float64 is a dtype cast: integer tensors keep theirs
-    assert not v["plain_attribute_moved"]
+# Every claim's expectations are written once, in gan/patterns.py; a test asserts its verdict. The
+# arguments make each demonstration small; the CUDA-only rows run where a GPU exists.
+CLAIMS = {
+    "to_device": {}, "requires_grad": {}, "freeze": SMALL, "volatile": {}, "detach": {}, "gan_d_step": SMALL,
+    "reuse_d_fake": {}, "conditional": {"num_classes": 3}, "no_grad": SMALL, "leaf": {},
+    "backward_needs_grad": {}, "optimizer_leaf": {}, "parameter_buffer": {},
+}
+CUDA_CLAIMS = {"timing": {"size": 2048, "matmuls": 10}, "non_blocking": {"batch": 256, "steps": 5}}
 
 
-def test_requires_grad_propagates_from_any_input() -> None:
-    v = patterns.requires_grad(CPU).values
-    assert v["one_input_requires"] is True
-    assert v["no_input_requires"] is False
-    assert v["z_requires"] is False and v["g_output_requires"] is True
-    assert v["frozen_g_output_requires"] is False
-
-
-def test_freezing_skips_weight_gradients() -> None:
-    v = patterns.freeze(CPU, **SMALL).values
-    assert v["finetune_body_no_grad"] and v["finetune_head_grad"]
-    assert v["g_step_d_no_grad"] and v["g_step_g_grad"] and v["trainable_d_grad"]
-    assert v["flops_frozen"] < v["flops_trainable"]  # D's weight gradients are not computed
-
-
-def test_volatile_warns_and_has_no_effect() -> None:
-    v = patterns.volatile(CPU).values
-    assert any("volatile was removed" in w for w in v["warnings"])
-    assert v["variable_is_plain_tensor"] and v["volatile_flag"] is False
-    assert v["volatile_output_requires_grad"] is True
-    assert v["no_grad_output_requires_grad"] is False
-
-
-def test_detach_shares_storage_and_detach__makes_a_leaf() -> None:
-    v = patterns.detach(CPU).values
-    assert v["same_storage"] and v["edit_visible"]
-    assert v["detached_requires_grad"] is False
-    assert v["original_requires_grad"] and v["original_backprops"]
-    assert v["detach__grad_fn_none"] and v["detach__is_leaf"] and v["detach__requires_grad"] is False
-
-
-def test_gan_d_step_three_ways() -> None:
-    v = patterns.gan_d_step(CPU, **SMALL).values
-    assert v["g_grads_touched"] == {"detach": False, "retain_graph": True, "neither": True}
-    assert v["d_weights_max_diff"] <= 1e-6  # identical D updates with and without detach (one Adam step: ~2e-4)
-    assert v["d_step_flops"]["detach"] < v["d_step_flops"]["retain_graph"]  # the wasted backward through G
-    assert v["held_bytes"]["detach"] == 0 < v["held_bytes"]["retain_graph"]
-    assert v["g_step_error"]["detach"] is None and v["g_step_error"]["retain_graph"] is None
-    assert "Trying to backward through the graph a second time" in v["g_step_error"]["neither"]
-    assert v["cuda_peak_bytes"] == {"detach": None, "retain_graph": None}
-
-
-def test_reusing_d_output_after_the_d_step_fails() -> None:
-    v = patterns.reuse_d_fake(CPU).values
-    before, after = v["weight_version"]
-    assert after > before
-    assert "modified by an inplace operation" in v["stale_error"]
-    assert v["fresh_error"] is None and v["fresh_g_grads"]
-
-
-def test_conditional_input_splits_gradients_like_unconditional() -> None:
-    v = patterns.conditional(CPU, num_classes=3).values
-    assert v["d_in_channels"] == 1 + 3
-    assert v["condition_requires_grad"] is False
-    assert v["d_step_input_requires_grad"] is False and v["g_step_input_requires_grad"] is True
-    expected = {"d_step_d_grads": True, "d_step_g_untouched": True, "g_step_g_grads": True,
-                "g_step_d_untouched": True}
-    assert v["unconditional"] == expected
-    assert v["conditional"] == expected
-
-
-def test_timing_is_skipped_on_cpu_with_the_reason() -> None:
-    result = patterns.timing(CPU)
-    assert result.ok is None and result.verdict == "skipped (CPU)"
-    assert "synchronously" in result.measured
+@pytest.mark.parametrize("name", CLAIMS)
+def test_claim_holds_on_cpu(name: str) -> None:
+    result = patterns.DEMOS[name](CPU, **CLAIMS[name])
+    assert result.expected, "a claim states what it expects"
+    assert result.ok, result.failures()
 
 
 @needs_cuda
-def test_timing_without_sync_under_reports_on_cuda() -> None:
-    v = patterns.timing(torch.device("cuda"), size=2048, matmuls=10).values
-    assert v["unsynced_ms"] < v["synced_ms"]
-    assert v["events_ms"] == pytest.approx(v["synced_ms"], rel=0.2)
+@pytest.mark.parametrize("name", CUDA_CLAIMS)
+def test_cuda_claim_holds(name: str) -> None:
+    result = patterns.DEMOS[name](torch.device("cuda"), **CUDA_CLAIMS[name])
+    assert result.ok, result.failures()
 
 
-def test_no_grad_evaluation() -> None:
-    v = patterns.no_grad(CPU, **SMALL).values
-    assert v["output_requires_grad"] is False and v["output_grad_fn_none"]
-    assert v["saved_bytes_no_grad"] == 0 < v["saved_bytes_grad"]
-    assert v["created_inside_requires_grad"] is True
-    assert v["computed_inside_requires_grad"] is False
-    assert v["parameter_inside_requires_grad"] is True
-    # What inference_mode skips, and why its tensors cannot enter autograd:
-    assert isinstance(v["no_grad_sample_version"], int)
-    assert "do not track version counter" in v["inference_sample_version_error"]
-    assert v["no_grad_sample_error"] is None
-    assert "Inference tensors cannot be saved for backward" in v["inference_sample_error"]
-
-
-def test_non_blocking_is_skipped_on_cpu_with_the_reason() -> None:
-    result = patterns.non_blocking(CPU)
+@pytest.mark.parametrize("name", CUDA_CLAIMS)
+def test_cuda_claims_are_skipped_on_cpu_with_the_reason(name: str) -> None:
+    result = patterns.DEMOS[name](CPU)
     assert result.ok is None and result.verdict == "skipped (CPU)"
-    assert "host-to-GPU" in result.measured
+    assert "CPU" in result.measured or "synchronously" in result.measured
 
 
-@needs_cuda
-def test_non_blocking_copy_overlaps_on_cuda() -> None:
-    v = patterns.non_blocking(torch.device("cuda"), batch=256, steps=5).values
-    assert v["pinned"]
-    assert v["non_blocking_call_ms"] < v["blocking_call_ms"]
-    assert v["non_blocking_step_ms"] < v["blocking_step_ms"]
+def test_a_verdict_compares_each_expectation() -> None:
+    result = patterns.Result("x", "claim", "ran", "measured", {"a": {"b": 2}, "err": "boom"},
+                             {"a.b": 2, "err": patterns.contains("boom")})
+    assert result.ok and result.verdict == "holds"
+    result.values["a"]["b"] = 3
+    assert result.ok is False
+    assert result.failures() == ["a.b: measured 3, expected 2"]
+    assert result.verdict == "DOES NOT HOLD: a.b: measured 3, expected 2"
 
 
-def test_leaf_gradients() -> None:
-    v = patterns.leaf(CPU).values
-    assert v["is_leaf"] == {"x": True, "a": True, "y": False}
-    assert v["backward_grads"] == {"a": 28.0, "b": 14.0, "c": 14.0}
-    assert v["x_grad"] is None and v["y_grad"] is None
-    assert "retain_grad" in v["y_grad_warning"]
-    assert v["retained_y_grad"] == 14.0
-    assert v["autograd_grad"] == {"a": 28.0, "b": 14.0, "c": 14.0, "y": 14.0}
-    assert v["autograd_grad_left_dot_grad_none"]
+# --- the claims certify the step that trains: break gan/step.py and they fail ---------------------------
+
+def test_without_detach_in_the_step_the_d_step_claim_fails() -> None:
+    with mutated_step(*WITHOUT_DETACH):
+        result = patterns.gan_d_step(CPU, **SMALL)
+    assert result.ok is False
+    failed = {line.split(":")[0] for line in result.failures()}
+    assert {"g_grads_touched", "d_input_requires_grad", "g_step_error.detach"} <= failed
+    assert patterns.gan_d_step(CPU, **SMALL).ok  # restored
 
 
-def test_backward_needs_a_loss_that_requires_grad() -> None:
-    v = patterns.backward_needs_grad(CPU).values
-    assert v["wrong_requires_grad"] is False
-    assert "element 0 of tensors does not require grad" in v["error"]
-    assert v["right_requires_grad"] is True
-
-
-def test_optimizer_refuses_non_leaf_and_sgd_step() -> None:
-    v = patterns.optimizer_leaf(CPU).values
-    assert v["moved_is_leaf"] is False
-    assert "can't optimize a non-leaf Tensor" in v["error"]
-    assert v["after_step"] == pytest.approx([0.72, 1.86, 2.86])
-
-
-def test_parameter_buffer_plain_attribute() -> None:
-    v = patterns.parameter_buffer(CPU).values
-    kinds = ("parameter", "buffer", "buffer_nonpersistent", "plain")
-
-    def row(*flags: bool) -> dict[str, bool]:
-        return dict(zip(kinds, flags))
-
-    assert v["in_parameters"] == row(True, False, False, False)
-    assert v["in_state_dict"] == row(True, True, False, False)
-    assert v["follows_to"] == row(True, True, True, False)
-    assert v["optimizer_updates"] == row(True, False, False, False)
-    assert v["updated_explicitly"] == {"buffer": True, "plain": True}
-    assert v["survives_save_load"] == row(True, True, False, False)
+def test_with_d_not_frozen_in_the_step_the_freeze_and_conditional_claims_fail() -> None:
+    with mutated_step(*D_NOT_FROZEN):
+        freeze, conditional = patterns.freeze(CPU, **SMALL), patterns.conditional(CPU, num_classes=3)
+    assert {line.split(":")[0] for line in freeze.failures()} == {"g_step_d_no_grad", "flop_ratio"}
+    assert conditional.values["conditional"]["g_step_d_untouched"] is False and conditional.ok is False
 
 
 def test_every_claim_is_listed_once() -> None:
