@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import compose_config
 
-from gan.data import GANDataModule, data_shape
 from gan.contexts import evaluating, frozen
+from gan.data import GANDataModule, data_shape
 from gan.module import GANModule
 
 
