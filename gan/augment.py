@@ -26,11 +26,14 @@ OPERATIONS = ("translation", "cutout", "color")
 def translate(x: Tensor, ratio: float = 0.125) -> Tensor:
     """Shift each image by up to ``ratio`` of its size (whole pixels, reflected borders)."""
     n, _, h, w = x.shape
-    max_shift = torch.tensor([w * ratio, h * ratio], device=x.device)
-    shift = torch.round((torch.rand(n, 2, device=x.device) * 2 - 1) * max_shift)  # in pixels
+    # Constants enter as Python scalars in arithmetic, never as torch.tensor([...], device=...):
+    # building a tensor from a Python list on a GPU is a blocking host-to-device copy, each step.
+    u = torch.rand(n, 2, device=x.device) * 2 - 1
+    shift_x, shift_y = (u[:, 0] * (w * ratio)).round(), (u[:, 1] * (h * ratio)).round()  # in pixels
     theta = torch.zeros(n, 2, 3, device=x.device, dtype=x.dtype)
     theta[:, 0, 0] = theta[:, 1, 1] = 1
-    theta[:, :, 2] = (2 * shift / torch.tensor([w, h], device=x.device)).to(x.dtype)  # pixels -> [-1, 1]
+    theta[:, 0, 2] = shift_x * (2 / w)  # pixels -> [-1, 1]
+    theta[:, 1, 2] = shift_y * (2 / h)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 

@@ -22,6 +22,7 @@ from gan.losses import get_loss, gradient_penalty
 from gan.models import balanced_labels, build_models, condition_input
 from gan.regularizers import build_regularizer
 from gan.stats import EMAGenerator, RunningMean, StepCounters
+from gan.timing import PhaseTimer
 
 
 class GANModule(L.LightningModule):
@@ -42,6 +43,8 @@ class GANModule(L.LightningModule):
         ema = cfg["ema"]
         self.ema = EMAGenerator(self.G, ema["decay"], ema["start"]) if ema["enabled"] else None
         self.counters = StepCounters()
+        timing = cfg.get("timing", {})  # absent from the configs of runs older than gan/timing.py
+        self.timer = PhaseTimer(timing.get("enabled", True), timing.get("sync", False))
         # Running means of D's outputs: logged, and the anchors of the LeCam regularizer.
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
         self.reg = build_regularizer(cfg["reg"], self.d_real_mean, self.d_fake_mean)
@@ -67,18 +70,21 @@ class GANModule(L.LightningModule):
         # Extra D updates (d_steps > 1, e.g. wgan_gp) come first. Only D learns from them, so their
         # fakes are made under no_grad: no graph through G is built just to be cut off again.
         for real, y in zip(reals[:-1], labels[:-1]):
-            with torch.no_grad():
+            with torch.no_grad(), self.timer.phase("g_forward"):
                 extra_fake = self.G(self.noise(len(real)), y)
-            step.d_update(opt_d, self.d_loss, real, extra_fake, y, self.manual_backward)
+            step.d_update(opt_d, self.d_loss, real, extra_fake, y, self.manual_backward, self.timer.phase)
             self.counters.count_d_step()
 
         # The GAN step (gan/step.py): one G forward; D learns from D(real) and D(fake.detach()); G
         # learns through the undetached D(fake) while D is frozen.
         d, g_loss = step.generator_step(self.G, self.D, opt_g, opt_d, self.noise(len(reals[-1])), reals[-1],
-                                        labels[-1], self.d_loss, self.g_loss, self.manual_backward)
+                                        labels[-1], self.d_loss, self.g_loss, self.manual_backward,
+                                        self.timer.phase)
         self.counters.count_d_step()
 
-        self.update_statistics(batch[0].shape[0], d.real_logits)
+        with self.timer.phase("statistics"):
+            self.update_statistics(batch[0].shape[0], d.real_logits)
+        self.timer.start("callbacks")  # logging here, then the callbacks; closed by gan.timing.StepTimer
         if self.counters.g % self.cfg["log"]["every"] == 0:
             # .item() here and only here: one device sync per logging step, plain floats to the
             # loggers, and no tensor that could keep a graph alive.
@@ -130,6 +136,11 @@ class GANModule(L.LightningModule):
             self.augment.accumulate(real_logits)
             if g_steps % self.augment.interval == 0:
                 self.augment.adjust(batch_size // self.d_steps)
+
+    @property
+    def images_per_step(self) -> int:
+        """Real images one generator step consumes, over all processes."""
+        return self.cfg["train"]["batch_size"] * self.trainer.world_size
 
     def noise(self, n: int) -> Tensor:
         return torch.randn(n, self.z_dim, device=self.device)
