@@ -20,7 +20,7 @@ from gan.augment import build_augment
 from gan.contexts import evaluating
 from gan.losses import get_loss, gradient_penalty
 from gan.models import balanced_labels, build_models, condition_input
-from gan.regularizers import build_regularizer
+from gan.regularizers import R1, build_regularizer
 from gan.stats import EMAGenerator, RunningMean, StepCounters
 from gan.timing import PhaseTimer
 
@@ -48,6 +48,7 @@ class GANModule(L.LightningModule):
         # Running means of D's outputs: logged, and the anchors of the LeCam regularizer.
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
         self.reg = build_regularizer(cfg["reg"], self.d_real_mean, self.d_fake_mean)
+        self.apply_speed_options(cfg["train"])
         # Fixed noise (and labels) for sample grids: persistent buffers, so grids stay comparable
         # across resume. Conditional grids get one row per class.
         if len(self.data_shape) == 1:
@@ -60,6 +61,26 @@ class GANModule(L.LightningModule):
         self.register_buffer("sample_noise", torch.randn(n, self.z_dim, generator=generator))
         self.register_buffer("sample_labels", balanced_labels(n, num_classes))
         self._pending_rng: dict[str, Any] | None = None
+
+    def apply_speed_options(self, train_cfg: dict[str, Any]) -> None:
+        """``train.channels_last``: G's and D's 4-D weights (and each batch of real images) in NHWC
+        layout, which oneDNN and cuDNN convolutions prefer. ``train.compile``: ``torch.compile`` G and
+        D in place (``Module.compile``, so the state_dict keys stay as they are). D is left eager when
+        its loss differentiates D twice (R1, gradient penalty): compiled graphs have no double
+        backward. Applied after the EMA copy was taken, which stays eager (it samples rarely)."""
+        self.channels_last = bool(train_cfg.get("channels_last", False)) and len(self.data_shape) == 3
+        if self.channels_last:
+            self.G.to(memory_format=torch.channels_last)
+            self.D.to(memory_format=torch.channels_last)
+        if train_cfg.get("compile", False):
+            self.G.compile()
+            if not (self.gp_weight or isinstance(self.reg, R1)):
+                self.D.compile()
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.channels_last:
+            return batch[0].contiguous(memory_format=torch.channels_last), batch[1]
+        return batch
 
     # --- the training step -----------------------------------------------------------------------
 

@@ -885,8 +885,8 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
     return Result(
         "no_grad",
         "evaluation under `torch.no_grad()` builds no graph and saves no activations; tensors and "
-        "Parameters created inside keep `requires_grad=True`; `inference_mode` is faster still but its "
-        "tensors cannot enter autograd",
+        "Parameters created inside keep `requires_grad=True`; `inference_mode` also drops version counters, "
+        "and its tensors cannot enter autograd",
         f"DCGAN G {size}x{size}, width {width}, batch {batch} in eval mode: `evaluating(G)` vs autograd on; "
         f"`evaluating(G, inference=True)`; D trained on each sample; no_grad vs inference_mode: 20 "
         f"single-point samples of the 2D MLP G, median of {repeats}",
