@@ -41,9 +41,10 @@ from torchmetrics.utilities import dim_zero_cat
 from torchvision.utils import save_image
 
 from gan import audit
-from gan.data import build_dataset, mixture_means
-from gan.errors import ConfigError
 from gan.contexts import evaluating
+from gan.data import build_dataset, mixture_means
+from gan.devices import resolve_device
+from gan.errors import ConfigError
 from gan.features import FeatureExtractor, classifier_features, inception_features, to_uint8
 from gan.models import balanced_labels
 from gan.module import GANModule
@@ -435,18 +436,6 @@ def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
     return run, path
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device={name}: use auto, cpu, cuda or cuda:<n>") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name}, but torch sees no CUDA device: use device=cpu")
-    return device
-
-
 def load_module(path: Path) -> GANModule:
     """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
     try:
@@ -492,7 +481,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     if not isinstance(cfg.ema, bool):
         raise ConfigError(f"ema={cfg.ema}: use ema=true (the run's EMA copy, where it has one) or ema=false "
                           "(the raw generator G)")
-    device = pick_device(cfg.device)
+    device = resolve_device(cfg.device)
     module = load_module(ckpt_path).to(device)
     generator, tag = choose_generator(module, cfg.ema)
     run_cfg = module.cfg
