@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gan.checkpoint import atomic_write
 from gan.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # torch-fidelity's Inception-v3 weights (the TensorFlow FID network, ported); torch.hub caches them
 # under this file name, which is where torchmetrics would look for them.
@@ -165,8 +169,8 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
         start = time.perf_counter()
         labels = None if labels is None else labels.to(images.device)
         net, accuracy, held_out = train_classifier(images, labels, steps)
-        print(f"{kind} features for {data_id}: trained a CNN in {time.perf_counter() - start:.1f} s, "
-              f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
+        log.info(f"{kind} features for {data_id}: trained a CNN in {time.perf_counter() - start:.1f} s, "
+                 f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
         write_verified(path, {"state_dict": net.state_dict(), "num_classes": net.head.out_features,
                               "width": net.width, "accuracy": accuracy})
     # The head is kept only where it predicts the dataset's classes: the rotation head predicts turns.
@@ -175,17 +179,14 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
 
 
 def write_verified(path: Path, payload: dict[str, Any]) -> None:
-    """Save ``payload`` and ``<path>.sha256``; each written to a temporary file and renamed into place."""
+    """Save ``payload`` and ``<path>.sha256``, each with :func:`atomic_write` (the checksum last: a crash
+    between the two leaves a file that fails its check, never one that passes it half-written)."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     data = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checksum = Path(f"{path}.sha256")
-    for target, content in ((path, data),
-                            (checksum, f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode())):
-        partial = target.with_name(target.name + ".partial")
-        partial.write_bytes(content)
-        partial.replace(target)
+    atomic_write(path, lambda f: f.write(data))
+    checksum = f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode()
+    atomic_write(Path(f"{path}.sha256"), lambda f: f.write(checksum))
 
 
 def read_verified(path: Path) -> dict[str, Any]:

@@ -160,6 +160,7 @@ def test_digits_classifier_reaches_95_percent_and_is_cached_with_checksum(featur
     print(f"digits classifier test accuracy: {accuracy:.2%}")
     assert accuracy >= 0.95
     assert (feature_cache / "classifier-digits-1x16x16.pt.sha256").read_text().endswith(f"  {path.name}\n")
+    assert not list(feature_cache.glob(".*"))  # written atomically: no temporary file left behind
     with torch.no_grad():
         features = extractor(images[:10])
     assert features.shape == (10, extractor.num_features) and extractor.name == "classifier"
