@@ -4,45 +4,19 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from gan.audit import AutogradAudit
-from gan.checkpoint import AtomicCheckpointIO, GeneratorStepCheckpoint
-from gan.data import GANDataModule, data_shape, mixture_means, num_classes
+from gan.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
+from gan.checkpoint import AtomicCheckpointIO
+from gan.data import GANDataModule, data_shape, is_point_data, mixture_means, num_classes
 from gan.errors import ConfigError
-from gan.metrics import EvalSettings, MetricsLogger
+from gan.metrics import EvalSettings
 from gan.module import GANModule
-from gan.visuals import SampleLogger, real_points_for_plot
-
-
-class GeneratorStepProgressBar(TQDMProgressBar):
-    """Counts generator steps out of ``trainer.max_steps`` (the data stream is endless, so
-    Lightning alone would show no total)."""
-
-    def __init__(self, g_steps: int):
-        super().__init__()
-        self.g_steps = g_steps
-
-    @property
-    def total_train_batches(self) -> int:
-        return self.g_steps
-
-    def on_train_start(self, *args: Any) -> None:
-        super().on_train_start(*args)
-        self.label()  # a resumed run restarts mid-epoch, where Lightning skips on_train_epoch_start
-
-    def on_train_epoch_start(self, *args: Any) -> None:
-        super().on_train_epoch_start(*args)
-        self.label()
-
-    def label(self) -> None:
-        self.train_progress_bar.total = self.g_steps
-        self.train_progress_bar.set_description("generator steps")  # epochs mean nothing on an endless stream
+from gan.visuals import real_points_for_plot
 
 
 def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
@@ -88,12 +62,12 @@ def train(cfg: DictConfig) -> GANModule:
         raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
     module = GANModule(container, data_shape(container["data"]), classes)
 
-    two_d = cfg.data.name in ("ring", "grid")
+    points = is_point_data(cfg.data.name)
     callbacks: list[L.Callback] = [
         GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every),
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
-                     real_points_for_plot(datamodule.dataset) if two_d else None,
-                     mixture_means(cfg.data.name) if two_d else None),
+                     real_points_for_plot(datamodule.dataset) if points else None,
+                     mixture_means(cfg.data.name) if points else None),
     ]
     if cfg.trainer.enable_progress_bar:
         callbacks.append(GeneratorStepProgressBar(cfg.trainer.max_steps))
