@@ -51,18 +51,20 @@ MIN_CLASS_SAMPLES = 50
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """What to measure; the keys of train.yaml's ``eval`` block and of evaluate.yaml."""
+    """What to measure. No defaults here: configs/eval/default.yaml holds the only copy of them, read
+    by train.py (under ``eval``) and evaluate.py (at the top level) alike."""
 
-    num_samples: int = 2500  # generated samples per evaluation (DESIGN.md section 3)
-    num_real: int = 10000  # at most this many real images behind the image metrics
-    features: str | None = None  # classifier | rotation | inception; None: classifier if labelled
-    inception_weights: str | None = None
-    cache_dir: str = "~/.cache/gan_patterns"
-    classifier_steps: int = 500  # training steps of a feature classifier (once per dataset, then cached)
-    batch_size: int = 250
+    num_samples: int  # generated samples per evaluation
+    num_real: int  # at most this many real images behind the image metrics
+    features: str | None  # classifier | rotation | inception; None: classifier if labelled, else rotation
+    inception_weights: str | None  # features=inception: the weights file; None: torch.hub's cache
+    cache_dir: str  # trained feature classifiers and their checksums
+    classifier_steps: int  # training steps of a feature classifier (once per dataset, then cached)
+    batch_size: int  # samples per forward pass
 
     @classmethod
     def from_config(cls, cfg: Any) -> EvalSettings:
+        """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), validated."""
         settings = cls(**{f.name: cfg[f.name] for f in fields(cls)})
         if settings.num_samples < 4 or settings.num_real < 4:
             raise ConfigError(f"num_samples={settings.num_samples}, num_real={settings.num_real}: both must "

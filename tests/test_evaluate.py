@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -11,8 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, read_events, run_main, run_train
+from conftest import CONFIGS, ROOT, compose_config, eval_settings, read_events, run_main, run_train
+from omegaconf import OmegaConf
 from PIL import Image
+
+from gan.metrics import EvalSettings
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
@@ -54,6 +58,20 @@ def snapshot(directory: Path) -> dict[str, bytes | None]:
     """Every file's bytes and every directory (None) under ``directory``."""
     return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
             for p in sorted(directory.rglob("*"))}
+
+
+def test_one_file_holds_the_evaluation_defaults_of_train_py_and_evaluate_py():
+    defaults = OmegaConf.to_container(OmegaConf.load(CONFIGS / "eval" / "default.yaml"))
+    fields = dataclasses.fields(EvalSettings)
+    # EvalSettings has no defaults of its own to drift from the file, and the file sets every field.
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING for f in fields)
+    assert set(defaults) == {f.name for f in fields}
+    assert eval_settings() == EvalSettings.from_config(compose_config().eval) == EvalSettings(**defaults)
+    # Each command's own spelling of an override: top level for evaluate.py, under eval. for train.py.
+    train_cfg = compose_config("eval.every=5", "eval.num_samples=100")
+    assert train_cfg.eval.every == 5
+    assert EvalSettings.from_config(train_cfg.eval) == eval_settings("num_samples=100")
+    assert eval_settings("num_samples=100").num_samples == 100 != EvalSettings(**defaults).num_samples
 
 
 def test_digits_run_evaluation_writes_files_tensorboard_and_repeats_exactly(digits_run, feature_cache, tmp_path):
