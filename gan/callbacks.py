@@ -7,6 +7,7 @@ gan/audit.py.)
 
 from __future__ import annotations
 
+import re
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,15 +28,16 @@ if TYPE_CHECKING:
 
 
 class GeneratorStepCheckpoint(L.Callback):
-    """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps; ``last.ckpt`` then and at the end.
+    """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, of which the newest ``keep`` stay
+    (0: all); ``last.ckpt`` then and at the end.
 
     Written here rather than with Lightning's ModelCheckpoint, which counts Lightning's global step
     (every optimizer step, G and D alike) and, once a periodic checkpoint exists, does not write
     ``last.ckpt`` at the end of training.
     """
 
-    def __init__(self, directory: Path, every: int):
-        self.directory, self.every = Path(directory), every
+    def __init__(self, directory: Path, every: int, keep: int):
+        self.directory, self.every, self.keep = Path(directory), every, keep
         self.saved_step = -1
 
     def save(self, trainer: L.Trainer, step: int, periodic: bool) -> None:
@@ -44,6 +46,20 @@ class GeneratorStepCheckpoint(L.Callback):
             trainer.save_checkpoint(self.directory / f"step_{step:06d}.ckpt", weights_only=False)
         trainer.save_checkpoint(self.directory / "last.ckpt", weights_only=False)
         self.saved_step = step
+        # Only now, with both new files complete (save_checkpoint returns once they are written): a
+        # failed or killed save leaves every older checkpoint in place.
+        if periodic and self.keep and trainer.is_global_zero:
+            self.prune(step)
+
+    def prune(self, step: int) -> None:
+        """Delete the periodic checkpoints of steps up to ``step`` except the newest ``keep``.
+
+        Checkpoints of later steps are left alone: they can only be from the run this one resumed
+        from an earlier checkpoint of, and will be overwritten when this run reaches their steps.
+        """
+        periodic = {int(m[1]): p for p in self.directory.iterdir() if (m := PERIODIC.fullmatch(p.name))}
+        for old in sorted(s for s in periodic if s <= step)[:-self.keep]:
+            periodic[old].unlink(missing_ok=True)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
         step = pl_module.counters.g
@@ -54,6 +70,9 @@ class GeneratorStepCheckpoint(L.Callback):
         step = pl_module.counters.g
         if step != self.saved_step:
             self.save(trainer, step, periodic=False)
+
+
+PERIODIC = re.compile(r"step_(\d+)\.ckpt")  # GeneratorStepCheckpoint's periodic files; any other is not its own
 
 
 class SampleLogger(L.Callback):
