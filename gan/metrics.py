@@ -41,10 +41,9 @@ FEATURES = ("classifier", "rotation", "inception")
 KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
 # Per-class FID only where the class has at least this many generated and this many real images. FID
 # fits a mean and a covariance to each set, and its estimate is biased upward by a term that shrinks
-# like 1/N (Chong & Forsyth 2020). Measured in the digits classifier space (128 features): two disjoint
-# draws of one real class score 39 at 10 images each, 15 at 25, 8.0 at 50, 3.9 at 90, where two
-# different digits score hundreds. Below 50 that floor is a large part of the number; above, it is
-# small but not zero, so compare per-class FIDs between similar counts (balanced labels give the
+# like 1/N (Chong & Forsyth 2020): with few images that floor is a large part of the number. Measured
+# floors, and why 50: docs/results.md, "Per-class FID and sample size". Above the threshold the floor
+# is small but not zero, so compare per-class FIDs between similar counts (balanced labels give the
 # generated side equal counts; real classes are as the data has them).
 MIN_CLASS_SAMPLES = 50
 

@@ -104,7 +104,7 @@ def test_ring_run_evaluation_by_the_mode_protocol(ring_run, tmp_path):
     assert MIXTURE_KEYS <= set(metrics) and metrics["modes_total"] == 8 and metrics["step"] == 3
     assert 0 <= metrics["modes"] <= 8 and 0.0 <= metrics["high_quality"] <= 1.0
     samples = np.load(run / "eval" / "samples.npz")["samples"]
-    assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # DESIGN.md section 3: 2,500
+    assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # the protocol's count
     assert (run / "eval" / "grid.png").stat().st_size > 1000
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/modes")] == [3]
 
