@@ -26,6 +26,9 @@ from gan.visuals import DASHBOARD_LAYOUT, render_samples, write_hparams
 if TYPE_CHECKING:
     from gan.module import GANModule
 
+# The names of GeneratorStepCheckpoint's periodic files: it prunes these and no other file.
+PERIODIC = re.compile(r"step_(\d+)\.ckpt")
+
 
 class GeneratorStepCheckpoint(L.Callback):
     """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, of which the newest ``keep`` stay
@@ -54,8 +57,8 @@ class GeneratorStepCheckpoint(L.Callback):
     def prune(self, step: int) -> None:
         """Delete the periodic checkpoints of steps up to ``step`` except the newest ``keep``.
 
-        Checkpoints of later steps are left alone: they can only be from the run this one resumed
-        from an earlier checkpoint of, and will be overwritten when this run reaches their steps.
+        Checkpoints of later steps are left alone: they come from an earlier run in this directory that
+        this one resumed from one of its older checkpoints, and this run overwrites them as it gets there.
         """
         periodic = {int(m[1]): p for p in self.directory.iterdir() if (m := PERIODIC.fullmatch(p.name))}
         for old in sorted(s for s in periodic if s <= step)[:-self.keep]:
@@ -70,9 +73,6 @@ class GeneratorStepCheckpoint(L.Callback):
         step = pl_module.counters.g
         if step != self.saved_step:
             self.save(trainer, step, periodic=False)
-
-
-PERIODIC = re.compile(r"step_(\d+)\.ckpt")  # GeneratorStepCheckpoint's periodic files; any other is not its own
 
 
 class SampleLogger(L.Callback):

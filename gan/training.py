@@ -40,8 +40,8 @@ class LightningNoise(logging.Filter):
         return not self.DROPPED.fullmatch(record.getMessage())
 
 
-# Lightning logs both through its rank-zero helpers, on this logger. A filter on a logger applies to the
-# records made on it, so it sits here rather than on "lightning", whose handlers it would not reach.
+# Lightning logs both through its rank-zero helpers, on this logger. A logger's filters see only the
+# records logged on that very logger, not those its children pass up: the filter must sit on this one.
 LIGHTNING_RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 LIGHTNING_NOISE = LightningNoise()  # one instance: addFilter ignores a filter already present
 

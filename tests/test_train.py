@@ -190,6 +190,7 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     assert int(ckpt["state_dict"]["counters.g_steps"]) == 6
     # Each rank draws its own share of one global batch: 6 steps x 16 images x 2 ranks.
     assert int(ckpt["state_dict"]["counters.images_seen"]) == 6 * 16 * 2
+    assert out.stdout.count("Run finished: 6 generator steps") == 1  # the summary comes from rank 0 alone
     out = subprocess.run(command[:3] + ["trainer.strategy=ddp", f"hydra.run.dir={tmp_path}/plain"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "use trainer=ddp" in out.stderr
