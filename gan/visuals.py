@@ -1,4 +1,5 @@
-"""What a person looks at: sample grids, 2D scatter plots, and the TensorBoard dashboard layout."""
+"""What a person looks at: samples as image grids or 2D scatter plots (PNG and TensorBoard), and the
+TensorBoard dashboard layout and hyperparameter table."""
 
 from __future__ import annotations
 
