@@ -7,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from gan.errors import exit_on_config_error
-from gan.metrics import evaluate_run
+from gan.evaluation import evaluate_run
 
 
 # An absolute path: the configs are found however evaluate.py is run (as a script, or imported by the tests).

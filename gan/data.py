@@ -27,7 +27,16 @@ from gan.errors import ConfigError
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
-# --- 2D mixtures (DESIGN.md section 3) -------------------------------------------------------------
+# --- 2D mixtures (the benchmark protocol: docs/protocols.md) ---------------------------------------
+
+# Datasets of 2D points rather than images: plotted as scatter plots, scored by the mode protocol.
+POINT_DATASETS = ("ring", "grid")
+
+
+def is_point_data(name: str) -> bool:
+    """Is the dataset called ``name`` (``data.name``) one of 2D points? Every other dataset is images."""
+    return name in POINT_DATASETS
+
 
 def mixture_means(name: str) -> torch.Tensor:
     """Means of the ring (8 on the unit circle) or grid (25 at even coordinates) mixture."""
@@ -173,7 +182,7 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
     split = split or cfg.get("split", "train")
     if split not in ("train", "test"):
         raise ConfigError(f"data.split={split}: use train or test")
-    if name in ("ring", "grid"):
+    if is_point_data(name):
         # The test split is a fresh draw from the same mixture.
         return mixture_dataset(name, cfg["num_points"], cfg["std"], seed + (split == "test"))
     if name == "digits":
@@ -196,7 +205,7 @@ def num_classes(dataset: Dataset) -> int:
 
 def data_shape(cfg: dict[str, Any]) -> tuple[int, ...]:
     """Shape of one sample: (2,) for 2D mixtures, (C, S, S) for images."""
-    if cfg["name"] in ("ring", "grid"):
+    if is_point_data(cfg["name"]):
         return (2,)
     return (cfg["channels"], cfg["image_size"], cfg["image_size"])
 

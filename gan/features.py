@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gan.checkpoint import atomic_write
 from gan.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # torch-fidelity's Inception-v3 weights (the TensorFlow FID network, ported); torch.hub caches them
 # under this file name, which is where torchmetrics would look for them.
@@ -109,10 +113,9 @@ def train_classifier(images: Tensor, labels: Tensor | None, steps: int = 500, ba
 
     ``labels=None`` trains the rotation task: each image of a batch appears at all four rotations
     (made per batch, so memory stays at one copy of the images). Adam with a cosine learning-rate
-    decay for a fixed number of steps bounds the cost on any dataset. Measured with the default 500
-    steps: digits (16 px) 97.5 % held-out accuracy in about 5 s on 2 CPU cores; 10,000 MNIST images
-    (32 px) 95.6 %. Runs in a forked RNG: training a classifier does not move the caller's random
-    streams.
+    decay for a fixed number of steps bounds the cost on any dataset (accuracies and times of the
+    default 500 steps: docs/results.md). Runs in a forked RNG: training a classifier does not move the
+    caller's random streams.
     """
     def examples(index: Tensor) -> tuple[Tensor, Tensor]:
         return rotations(images[index]) if labels is None else (images[index], labels[index])
@@ -165,8 +168,8 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
         start = time.perf_counter()
         labels = None if labels is None else labels.to(images.device)
         net, accuracy, held_out = train_classifier(images, labels, steps)
-        print(f"{kind} features for {data_id}: trained a CNN in {time.perf_counter() - start:.1f} s, "
-              f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
+        log.info(f"{kind} features for {data_id}: trained a CNN in {time.perf_counter() - start:.1f} s, "
+                 f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
         write_verified(path, {"state_dict": net.state_dict(), "num_classes": net.head.out_features,
                               "width": net.width, "accuracy": accuracy})
     # The head is kept only where it predicts the dataset's classes: the rotation head predicts turns.
@@ -175,17 +178,14 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
 
 
 def write_verified(path: Path, payload: dict[str, Any]) -> None:
-    """Save ``payload`` and ``<path>.sha256``; each written to a temporary file and renamed into place."""
+    """Save ``payload`` and ``<path>.sha256``, each with :func:`atomic_write` (the checksum last: a crash
+    between the two leaves a file that fails its check, never one that passes it half-written)."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     data = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checksum = Path(f"{path}.sha256")
-    for target, content in ((path, data),
-                            (checksum, f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode())):
-        partial = target.with_name(target.name + ".partial")
-        partial.write_bytes(content)
-        partial.replace(target)
+    atomic_write(path, lambda f: f.write(data))
+    checksum = f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode()
+    atomic_write(Path(f"{path}.sha256"), lambda f: f.write(checksum))
 
 
 def read_verified(path: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
-"""How good are the samples? The mode protocol for 2D mixtures; FID, KID and precision/recall for images.
+"""How good are samples? The mode protocol for 2D mixtures; FID, KID and precision/recall for images.
 
-* 2D mixtures (DESIGN.md section 3): ``modes`` captured out of ``modes_total``, the ``high_quality``
-  fraction (within 3 std of a mean) and ``reverse_kl`` of the mode shares from uniform.
+* 2D mixtures: ``modes`` captured out of ``modes_total``, the ``high_quality`` fraction (within 3 std
+  of a mean) and ``reverse_kl`` of the mode shares from uniform (the protocol: docs/protocols.md).
 * Images: ``fid`` and ``kid`` from torchmetrics and k-NN ``precision`` / ``recall`` (Kynkäänniemi et
   al. 2019, k = 3), all in one feature space (gan/features.py), named by ``features``.
 * Class-conditional generators, besides those: ``class_accuracy``, the share of samples recognised as
@@ -11,70 +11,59 @@
   by the feature classifier's head, which only the ``classifier`` space has (rotation and Inception
   spaces give per-class FID but no accuracy).
 
-Samples come from :meth:`GANModule.generate`, the one evaluation context (eval mode, no_grad, state
-restored), in both places that measure: :func:`evaluate_run` (``python evaluate.py``) and
-:class:`MetricsLogger` (every ``eval.every`` generator steps during training). Every random draw comes
-from a seeded generator of its own or a forked RNG: same seed, same numbers, and measuring during
-training never moves the run's random streams.
+Nothing here knows how samples are made or when they are measured: gan/sampling.py draws them,
+gan/callbacks.py's MetricsLogger measures during training and gan/evaluation.py is ``python
+evaluate.py``. Every random draw here comes from a seeded generator of its own or a forked RNG: same
+seed, same numbers.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
-from torch.utils.tensorboard import SummaryWriter
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities import dim_zero_cat
-from torchvision.utils import save_image
 
-from gan import audit
-from gan.data import build_dataset, mixture_means
-from gan.errors import ConfigError
 from gan.contexts import evaluating
+from gan.data import is_point_data, mixture_means
+from gan.errors import ConfigError
 from gan.features import FeatureExtractor, classifier_features, inception_features, to_uint8
-from gan.models import balanced_labels
-from gan.module import GANModule
-from gan.visuals import class_grid, real_points_for_plot, save_figure, scatter_figure
 
 FEATURES = ("classifier", "rotation", "inception")
 KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
 # Per-class FID only where the class has at least this many generated and this many real images. FID
 # fits a mean and a covariance to each set, and its estimate is biased upward by a term that shrinks
-# like 1/N (Chong & Forsyth 2020). Measured in the digits classifier space (128 features): two disjoint
-# draws of one real class score 39 at 10 images each, 15 at 25, 8.0 at 50, 3.9 at 90, where two
-# different digits score hundreds. Below 50 that floor is a large part of the number; above, it is
-# small but not zero, so compare per-class FIDs between similar counts (balanced labels give the
+# like 1/N (Chong & Forsyth 2020): with few images that floor is a large part of the number. Measured
+# floors, and why 50: docs/results.md, "Per-class FID and sample size". Above the threshold the floor
+# is small but not zero, so compare per-class FIDs between similar counts (balanced labels give the
 # generated side equal counts; real classes are as the data has them).
 MIN_CLASS_SAMPLES = 50
 
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """What to measure; the keys of train.yaml's ``eval`` block and of evaluate.yaml."""
+    """What to measure. No defaults here: configs/eval/default.yaml holds the only copy of them, read
+    by train.py (under ``eval``) and evaluate.py (at the top level) alike."""
 
-    num_samples: int = 2500  # generated samples per evaluation (DESIGN.md section 3)
-    num_real: int = 10000  # at most this many real images behind the image metrics
-    features: str | None = None  # classifier | rotation | inception; None: classifier if labelled
-    inception_weights: str | None = None
-    cache_dir: str = "~/.cache/gan_patterns"
-    classifier_steps: int = 500  # training steps of a feature classifier (once per dataset, then cached)
-    batch_size: int = 250
+    num_samples: int  # generated samples per evaluation
+    num_real: int  # at most this many real images behind the image metrics
+    features: str | None  # classifier | rotation | inception; None: classifier if labelled, else rotation
+    inception_weights: str | None  # features=inception: the weights file; None: torch.hub's cache
+    cache_dir: str  # trained feature classifiers and their checksums
+    classifier_steps: int  # training steps of a feature classifier (once per dataset, then cached)
+    batch_size: int  # samples per forward pass
 
     @classmethod
     def from_config(cls, cfg: Any) -> EvalSettings:
+        """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), validated."""
         settings = cls(**{f.name: cfg[f.name] for f in fields(cls)})
         if settings.num_samples < 4 or settings.num_real < 4:
             raise ConfigError(f"num_samples={settings.num_samples}, num_real={settings.num_real}: both must "
@@ -325,7 +314,7 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
                   device: torch.device | str = "cpu") -> MixtureMetrics | ImageMetrics:
     """The metrics for a run's data, with the real side already in place."""
     name = data_cfg["name"]
-    if name in ("ring", "grid"):
+    if is_point_data(name):
         if settings.features is not None:
             raise ConfigError(f"features={settings.features} is for images; data={name} is scored by the "
                               "mode protocol (modes, high_quality, reverse_kl)")
@@ -348,190 +337,9 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
     return metrics
 
 
-# --- sampling and scoring ------------------------------------------------------------------------
-
-def generate_samples(module: GANModule, num_samples: int, seed: int, batch_size: int = 250) -> Tensor:
-    """``num_samples`` samples of the module's sampling generator (the EMA copy when it has one).
-
-    Noise comes from a generator seeded with ``seed`` on the CPU (the same noise on any device); a
-    conditional generator gets :func:`balanced_labels` (an unconditional one ignores them). Images are
-    rounded to 8 bits (:func:`quantize`).
-    """
-    noise = torch.randn(num_samples, module.z_dim, generator=torch.Generator().manual_seed(seed))
-    labels = balanced_labels(num_samples, module.num_classes)
-    samples = torch.cat([module.generate(z.to(module.device), y.to(module.device))
-                         for z, y in zip(noise.split(batch_size), labels.split(batch_size))])
-    return quantize(samples) if samples.dim() == 4 else samples
-
-
-def sample_and_score(module: GANModule, metrics: MixtureMetrics | ImageMetrics, settings: EvalSettings,
-                     seed: int) -> tuple[Tensor, dict[str, Any]]:
-    """Samples of the module's sampling generator and their metrics; a conditional generator's samples
-    are scored per class too, with the labels :func:`generate_samples` gave them."""
-    samples = generate_samples(module, settings.num_samples, seed, settings.batch_size)
-    labels = balanced_labels(settings.num_samples, module.num_classes) if module.num_classes else None
-    return samples, metrics.score(samples, seed, labels)
-
+# --- TensorBoard ---------------------------------------------------------------------------------
 
 def scalars(values: dict[str, Any], prefix: str = "metrics") -> dict[str, float]:
     """The numeric metrics as plain floats, tagged ``<prefix>/<name>`` for TensorBoard (``per_class``,
     a dict, stays in metrics.json)."""
     return {f"{prefix}/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float))}
-
-
-def own_rng(device: torch.device) -> AbstractContextManager[Any]:
-    """A forked RNG (CPU, and the device's): measuring during training leaves the run's streams alone."""
-    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
-
-
-class MetricsLogger(L.Callback):
-    """Every ``every`` generator steps: the metrics of fresh samples, to TensorBoard as ``metrics/*``.
-
-    Measured on rank 0 only; the noise is the same at every evaluation (seeded with the run's seed),
-    so the curve follows the generator, not the draw.
-    """
-
-    def __init__(self, every: int, settings: EvalSettings, seed: int):
-        if every < 1:
-            raise ConfigError(f"eval.every={every}: a number of generator steps, or 0 for no metrics")
-        self.every, self.settings, self.seed = every, settings, seed
-        self.metrics: MixtureMetrics | ImageMetrics | None = None
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: GANModule) -> None:
-        # Built once the module sits on its device; a first run on image data trains the classifier here.
-        if trainer.is_global_zero:
-            with own_rng(pl_module.device):  # e.g. building a cached classifier initialises weights
-                self.metrics = build_metrics(pl_module.cfg["data"], trainer.datamodule.dataset,
-                                             self.settings, pl_module.device)
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
-        step = pl_module.counters.g
-        if step % self.every or not trainer.is_global_zero:
-            return
-        with own_rng(pl_module.device):
-            _, values = sample_and_score(pl_module, self.metrics, self.settings, self.seed)
-        logged = scalars(values)
-        if pl_module.audit:
-            audit.check_plain_numbers(logged)
-        if trainer.logger is not None:
-            for tag, value in logged.items():
-                trainer.logger.experiment.add_scalar(tag, value, step)
-
-
-# --- python evaluate.py --------------------------------------------------------------------------
-
-def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
-    """(run directory, checkpoint file), or a ConfigError saying what is missing."""
-    if run_dir is None:
-        raise ConfigError("run_dir is required: python evaluate.py run_dir=<a train.py run directory>")
-    run = Path(run_dir).expanduser()
-    if not (run / ".hydra" / "config.yaml").is_file():
-        what = "is not a directory" if not run.is_dir() else "is not a training run (no .hydra/config.yaml)"
-        raise ConfigError(f"run_dir={run_dir} {what}: give the directory train.py wrote")
-    path = Path(ckpt).expanduser() if ckpt else run / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise ConfigError(f"checkpoint {path} does not exist: pass ckpt=<file>, e.g. one of "
-                          f"{run / 'checkpoints'}/*.ckpt")
-    return run, path
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device={name}: use auto, cpu, cuda or cuda:<n>") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name}, but torch sees no CUDA device: use device=cpu")
-    return device
-
-
-def load_module(path: Path) -> GANModule:
-    """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # unpickling a file that is no checkpoint can fail in almost any way
-        raise ConfigError(f"cannot rebuild a GAN from {path}: not a readable checkpoint "
-                          f"({type(e).__name__})") from None
-    if not isinstance(ckpt, dict) or "hyper_parameters" not in ckpt or "state_dict" not in ckpt:
-        raise ConfigError(f"cannot rebuild a GAN from {path}: not a train.py checkpoint")
-    hp = ckpt["hyper_parameters"]
-    try:  # a checkpoint of an older version may lack a config key or hold other weights
-        module = GANModule(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
-        module.load_state_dict(ckpt["state_dict"])
-    except (KeyError, RuntimeError) as e:
-        raise ConfigError(f"cannot rebuild a GAN from {path}: {type(e).__name__} "
-                          f"{str(e).splitlines()[0]}") from None
-    return module
-
-
-def choose_generator(module: GANModule, ema: bool) -> tuple[str, str]:
-    """Which generator of a loaded run evaluate.py samples, and the TensorBoard tag prefix of its metrics.
-
-    ``ema=false`` sets the module's EMA copy aside (the module was loaded for this evaluation only), so
-    its ``sampling_generator`` is the raw G of the same checkpoint: same seed, same noise, and the
-    difference in the metrics is the effect of EMA. Returns ("ema" or "G", prefix). ``metrics/*`` is
-    what training logs for the sampling generator -- the EMA copy where the run has one -- so the raw G
-    of such a run logs as ``metrics_G/*``, and the two never mix on one curve.
-    """
-    had_ema = module.ema is not None
-    if not ema:
-        module.ema = None
-    generator = "G" if module.ema is None else "ema"
-    return generator, "metrics_G" if had_ema and generator == "G" else "metrics"
-
-
-def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
-    """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard.
-
-    Every check that can fail on bad input runs before the first file is written.
-    """
-    run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
-    settings = EvalSettings.from_config(cfg)
-    if not isinstance(cfg.ema, bool):
-        raise ConfigError(f"ema={cfg.ema}: use ema=true (the run's EMA copy, where it has one) or ema=false "
-                          "(the raw generator G)")
-    device = pick_device(cfg.device)
-    module = load_module(ckpt_path).to(device)
-    generator, tag = choose_generator(module, cfg.ema)
-    run_cfg = module.cfg
-    dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
-    metrics = build_metrics(run_cfg["data"], dataset, settings, device)
-    samples, values = sample_and_score(module, metrics, settings, cfg.seed)
-    step = int(module.counters.g_steps)
-    # The long per-class table goes last, after the numbers a reader looks for first.
-    headline = {k: v for k, v in values.items() if k != "per_class"}
-    result = {**headline, "generator": generator, "step": step, "num_samples": settings.num_samples,
-              "seed": cfg.seed, "checkpoint": str(ckpt_path.resolve()),
-              **({"per_class": values["per_class"]} if "per_class" in values else {})}
-
-    out = run / "eval"
-    out.mkdir(exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-    writer = SummaryWriter(str(run / "tensorboard"))
-    grid_tag = "eval/grid" if tag == "metrics" else f"eval/grid_{generator}"
-    if samples.dim() == 2:
-        np.savez_compressed(out / "samples.npz", samples=samples.cpu().numpy().astype(np.float32))
-        fig = scatter_figure(samples, real_points_for_plot(dataset), metrics.means,
-                             title=f"step {step}: {values['modes']}/{values['modes_total']} modes, "
-                                   f"{values['high_quality']:.0%} high quality")
-        writer.add_figure(grid_tag, fig, step, close=False)
-        save_figure(fig, out / "grid.png")
-    else:
-        np.savez_compressed(out / "samples.npz", samples=to_uint8(samples).cpu().numpy())
-        grid = class_grid(samples, module.num_classes)
-        writer.add_image(grid_tag, grid, step)
-        save_image(grid, out / "grid.png")
-    for name, value in scalars(values, tag).items():
-        writer.add_scalar(name, value, step)
-    writer.close()
-    print(f"{run} at generator step {step} ({generator}): " + ", ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in headline.items()))
-    if "per_class" in values:
-        print("per class: " + "; ".join(
-            f"{label} " + ", ".join(f"{k} {v:.3g}" for k, v in entry.items() if isinstance(v, float))
-            for label, entry in values["per_class"].items()))
-    print(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}")
-    return result
-

@@ -1,48 +1,49 @@
-"""Builds the data, module, callbacks and Trainer from a composed config, and fits."""
+"""Builds the data, module, callbacks and Trainer from a composed config, fits, and says what it did."""
 
 from __future__ import annotations
 
+import logging
+import re
 import warnings
 from pathlib import Path
-from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from gan.audit import AutogradAudit
-from gan.checkpoint import AtomicCheckpointIO, GeneratorStepCheckpoint
-from gan.data import GANDataModule, data_shape, mixture_means, num_classes
+from gan.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
+from gan.checkpoint import AtomicCheckpointIO
+from gan.data import GANDataModule, data_shape, is_point_data, mixture_means, num_classes
 from gan.errors import ConfigError
-from gan.metrics import EvalSettings, MetricsLogger
+from gan.metrics import EvalSettings
 from gan.module import GANModule
-from gan.visuals import SampleLogger, real_points_for_plot
+from gan.visuals import real_points_for_plot
+
+log = logging.getLogger(__name__)
 
 
-class GeneratorStepProgressBar(TQDMProgressBar):
-    """Counts generator steps out of ``trainer.max_steps`` (the data stream is endless, so
-    Lightning alone would show no total)."""
+class LightningNoise(logging.Filter):
+    """Drops two of Lightning's console messages that mislead or distract here; every other one passes.
 
-    def __init__(self, g_steps: int):
-        super().__init__()
-        self.g_steps = g_steps
+    * "`Trainer.fit` stopped: `max_steps=N` reached.": Lightning counts every optimizer step, so N is
+      (train.d_steps + 1) times the generator steps asked for; :func:`log_summary` reports the run in
+      generator steps instead.
+    * "💡 Tip: For seamless cloud ... [litlogger] / [litmodels] ...": advertisements for Lightning's
+      hosted services, nothing a user of this project acts on.
+    """
 
-    @property
-    def total_train_batches(self) -> int:
-        return self.g_steps
+    DROPPED = re.compile(r"`Trainer\.fit` stopped: `max_steps=\d+` reached\."
+                         r"|💡 Tip: For seamless cloud .*\[lit(logger|models)\].*", re.DOTALL)
 
-    def on_train_start(self, *args: Any) -> None:
-        super().on_train_start(*args)
-        self.label()  # a resumed run restarts mid-epoch, where Lightning skips on_train_epoch_start
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.DROPPED.fullmatch(record.getMessage())
 
-    def on_train_epoch_start(self, *args: Any) -> None:
-        super().on_train_epoch_start(*args)
-        self.label()
 
-    def label(self) -> None:
-        self.train_progress_bar.total = self.g_steps
-        self.train_progress_bar.set_description("generator steps")  # epochs mean nothing on an endless stream
+# Lightning logs both through its rank-zero helpers, on this logger. A logger's filters see only the
+# records logged on that very logger, not those its children pass up: the filter must sit on this one.
+LIGHTNING_RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
+LIGHTNING_NOISE = LightningNoise()  # one instance: addFilter ignores a filter already present
 
 
 def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
@@ -66,6 +67,10 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"log.{key}={cfg.log[key]}: it must be >= 1")
     if cfg.checkpoint.every < 1:
         raise ConfigError(f"checkpoint.every={cfg.checkpoint.every}: it must be >= 1")
+    keep = cfg.checkpoint.keep
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+        raise ConfigError(f"checkpoint.keep={keep}: the number of periodic checkpoints to keep besides last.ckpt, "
+                          "a whole number >= 0 (0 keeps them all)")
     if cfg.trainer.strategy == "ddp":
         raise ConfigError("trainer.strategy=ddp fails when a backward leaves parameters without gradients, as every "
                           "GAN step does (fake.detach(), frozen D): use trainer=ddp (ddp_find_unused_parameters_true)")
@@ -77,6 +82,7 @@ def validate(cfg: DictConfig) -> None:
 def train(cfg: DictConfig) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module."""
     validate(cfg)
+    logging.getLogger(LIGHTNING_RANK_ZERO_LOGGER).addFilter(LIGHTNING_NOISE)
     run_dir = Path(cfg.paths.run_dir)
     check_run_dir(run_dir, cfg.ckpt_path)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -88,12 +94,12 @@ def train(cfg: DictConfig) -> GANModule:
         raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
     module = GANModule(container, data_shape(container["data"]), classes)
 
-    two_d = cfg.data.name in ("ring", "grid")
+    points = is_point_data(cfg.data.name)
     callbacks: list[L.Callback] = [
-        GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every),
+        GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep),
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
-                     real_points_for_plot(datamodule.dataset) if two_d else None,
-                     mixture_means(cfg.data.name) if two_d else None),
+                     real_points_for_plot(datamodule.dataset) if points else None,
+                     mixture_means(cfg.data.name) if points else None),
     ]
     if cfg.trainer.enable_progress_bar:
         callbacks.append(GeneratorStepProgressBar(cfg.trainer.max_steps))
@@ -123,4 +129,19 @@ def train(cfg: DictConfig) -> GANModule:
         # Lightning 2.6's own use of a torch API that torch 2.14 deprecates: nothing a user can act on.
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
+    if trainer.is_global_zero:
+        log_summary(trainer, module, run_dir)
     return module
+
+
+def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path) -> None:
+    """What the run did and where to look next: on the console and in the run's log file (train.log)."""
+    step, every = module.counters.g, module.cfg["log"]["every"]
+    losses = [f"{name} {float(trainer.callback_metrics[name]):.4g}" for name in ("loss/d", "loss/g")
+              if name in trainer.callback_metrics]
+    # The module logs losses every log.every generator steps: the last values are from the last such step.
+    final = (f"final losses {', '.join(losses)} (generator step {step - step % every})" if losses
+             else f"no losses logged (log.every={every})")
+    log.info(f"Run finished: {step} generator steps in {run_dir}; {final}")
+    log.info(f"  curves and samples: tensorboard --logdir {run_dir / 'tensorboard'}")
+    log.info(f"  metrics:            python evaluate.py run_dir={run_dir}")

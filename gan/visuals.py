@@ -1,16 +1,19 @@
-"""What a person looks at: sample grids, 2D scatter plots, and the TensorBoard dashboard layout."""
+"""What a person looks at: samples as image grids or 2D scatter plots (PNG and TensorBoard), and the
+TensorBoard dashboard layout and hyperparameter table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import matplotlib
 import numpy as np
 import torch
 from torch import Tensor
 from torchvision.utils import make_grid, save_image
+
+from gan.checkpoint import atomic_write
+from gan.data import is_point_data
 
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -23,7 +26,7 @@ DASHBOARD_LAYOUT = {
         "gradient norms": ["Multiline", ["grad_norm/g", "grad_norm/d"]],
         "augmentation probability": ["Multiline", ["augment/p"]],
     },
-    # Written by gan/metrics.py: during training (eval.every) and by evaluate.py.
+    # Written during training (eval.every: gan/callbacks.py's MetricsLogger) and by evaluate.py (gan/evaluation.py).
     "metrics": {
         "FID": ["Multiline", ["metrics/fid"]],
         "KID": ["Multiline", ["metrics/kid"]],
@@ -66,8 +69,8 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
     from torch.utils.tensorboard.summary import hparams
 
     config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths")}
-    two_d = cfg["data"]["name"] in ("ring", "grid")
-    metrics = ("modes", "high_quality", "reverse_kl") if two_d else ("fid", "kid", "precision", "recall")
+    points = is_point_data(cfg["data"]["name"])
+    metrics = ("modes", "high_quality", "reverse_kl") if points else ("fid", "kid", "precision", "recall")
     columns = {tag: float("nan") for tag in ("loss/d", "loss/g", *(f"metrics/{m}" for m in metrics))}
     for summary in hparams(flatten(config), columns):
         writer.file_writer.add_summary(summary)
@@ -97,54 +100,32 @@ def scatter_figure(samples: Tensor, real: Tensor, means: Tensor | None = None,
     return fig
 
 
-def save_figure(fig: matplotlib.figure.Figure, path: Path) -> None:
-    fig.savefig(path)
-    plt.close(fig)
+def render_samples(samples: Tensor, path: Path, writer: Any, tag: str, step: int, *, num_classes: int = 0,
+                   real_points: Tensor | None = None, means: Tensor | None = None, title: str = "",
+                   per_class: int = 8, limit: int = 64) -> None:
+    """One picture of ``samples``, saved as a PNG at ``path`` and, when ``writer`` (a SummaryWriter) is
+    given, added to TensorBoard as ``tag`` at ``step``.
 
-
-class SampleLogger(L.Callback):
-    """Every ``every`` G steps and at the end: samples of the fixed noise to ``samples/`` and TensorBoard."""
-
-    def __init__(self, every: int, directory: Path, real_points: Tensor | None = None,
-                 means: Tensor | None = None):
-        self.every, self.directory = every, Path(directory)
-        self.real_points, self.means = real_points, means
-        self.last_step = -1
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if trainer.is_global_zero and trainer.logger is not None:
-            writer = trainer.logger.experiment
-            writer.add_custom_scalars(DASHBOARD_LAYOUT)
-            write_hparams(writer, pl_module.cfg)
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        if pl_module.counters.g % self.every == 0:
-            self.log_samples(trainer, pl_module)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if pl_module.counters.g != self.last_step:
-            self.log_samples(trainer, pl_module)
-
-    def log_samples(self, trainer: L.Trainer, pl_module: Any) -> None:
-        step = pl_module.counters.g
-        self.last_step = step
-        samples = pl_module.generate(pl_module.sample_noise, pl_module.sample_labels)
-        if not trainer.is_global_zero:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        writer = trainer.logger.experiment if trainer.logger is not None else None
-        if samples.dim() == 2:  # 2D data: a scatter plot over the real points
-            fig = scatter_figure(samples, self.real_points, self.means, title=f"generator step {step}")
+    Points (``real_points`` given: the caller asked :func:`gan.data.is_point_data`) become a scatter
+    plot over the real points and the mixture ``means``, titled ``title``; images become
+    :func:`class_grid` (``per_class``, ``limit``: which images it shows).
+    """
+    if real_points is not None:
+        fig = scatter_figure(samples, real_points, means, title=title)
+        try:
             if writer is not None:
-                writer.add_figure("samples/scatter", fig, step, close=False)
-            save_figure(fig, self.directory / f"step_{step:06d}.png")
-        else:
-            grid = class_grid(samples, pl_module.num_classes, per_class=len(samples), limit=len(samples))
-            if writer is not None:
-                writer.add_image("samples/grid", grid, step)
-            save_image(grid, self.directory / f"step_{step:06d}.png")
+                writer.add_figure(tag, fig, step, close=False)
+            atomic_write(path, lambda f: fig.savefig(f, format="png"))
+        finally:
+            plt.close(fig)  # pyplot keeps every open figure alive: one per call would pile up
+    else:
+        grid = class_grid(samples, num_classes, per_class=per_class, limit=limit)
+        if writer is not None:
+            writer.add_image(tag, grid, step)
+        atomic_write(path, lambda f: save_image(grid, f, format="png"))
 
 
 def real_points_for_plot(dataset: Any, n: int = 2000) -> Tensor:
+    """A fixed subset of a point dataset's real points: the backdrop of every scatter plot."""
     points = dataset.tensors[0]
     return points[torch.randperm(len(points), generator=torch.Generator().manual_seed(0))[:n]]

@@ -10,10 +10,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import sys  # noqa: E402
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, open_dict
+
+if TYPE_CHECKING:
+    from gan.metrics import EvalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -30,6 +34,14 @@ def compose_config(*overrides: str, run_dir: Path | None = None) -> DictConfig:
     with open_dict(cfg):
         cfg.paths.run_dir = str(run_dir or "unused")
     return cfg
+
+
+def eval_settings(*overrides: str) -> EvalSettings:
+    """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes them (e.g. "num_samples=50")."""
+    from gan.metrics import EvalSettings  # here: importing the package at conftest load slows every test run
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return EvalSettings.from_config(compose(config_name="evaluate", overrides=list(overrides)))
 
 
 def run_main(script: str, *args: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -11,8 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, read_events, run_main, run_train
+from conftest import CONFIGS, ROOT, compose_config, eval_settings, read_events, run_main, run_train
+from omegaconf import OmegaConf
 from PIL import Image
+
+from gan.metrics import EvalSettings
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
@@ -56,6 +60,20 @@ def snapshot(directory: Path) -> dict[str, bytes | None]:
             for p in sorted(directory.rglob("*"))}
 
 
+def test_one_file_holds_the_evaluation_defaults_of_train_py_and_evaluate_py():
+    defaults = OmegaConf.to_container(OmegaConf.load(CONFIGS / "eval" / "default.yaml"))
+    fields = dataclasses.fields(EvalSettings)
+    # EvalSettings has no defaults of its own to drift from the file, and the file sets every field.
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING for f in fields)
+    assert set(defaults) == {f.name for f in fields}
+    assert eval_settings() == EvalSettings.from_config(compose_config().eval) == EvalSettings(**defaults)
+    # Each command's own spelling of an override: top level for evaluate.py, under eval. for train.py.
+    train_cfg = compose_config("eval.every=5", "eval.num_samples=100")
+    assert train_cfg.eval.every == 5
+    assert EvalSettings.from_config(train_cfg.eval) == eval_settings("num_samples=100")
+    assert eval_settings("num_samples=100").num_samples == 100 != EvalSettings(**defaults).num_samples
+
+
 def test_digits_run_evaluation_writes_files_tensorboard_and_repeats_exactly(digits_run, feature_cache, tmp_path):
     run = copy_run(digits_run, tmp_path)
     args = [f"run_dir={run}", "num_samples=200", f"cache_dir={feature_cache}"]
@@ -86,7 +104,7 @@ def test_ring_run_evaluation_by_the_mode_protocol(ring_run, tmp_path):
     assert MIXTURE_KEYS <= set(metrics) and metrics["modes_total"] == 8 and metrics["step"] == 3
     assert 0 <= metrics["modes"] <= 8 and 0.0 <= metrics["high_quality"] <= 1.0
     samples = np.load(run / "eval" / "samples.npz")["samples"]
-    assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # DESIGN.md section 3: 2,500
+    assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # the protocol's count
     assert (run / "eval" / "grid.png").stat().st_size > 1000
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/modes")] == [3]
 
@@ -121,7 +139,9 @@ def test_cli_runs_as_a_script_and_leaves_no_clutter(ring_run, tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), f"run_dir={run}", "num_samples=500"],
                          cwd=cwd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "modes" in out.stdout and (run / "eval" / "metrics.json").is_file()
+    # The results are log lines, and evaluate.yaml sends logging to stdout: they reach the console.
+    assert f"{run} at generator step 6 (ema): modes " in out.stdout and "wrote " in out.stdout
+    assert (run / "eval" / "metrics.json").is_file()
     assert list(cwd.iterdir()) == []  # no outputs/, no .hydra/, no log file
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import ROOT, eval_settings
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -15,7 +18,6 @@ from gan.errors import ConfigError
 from gan.features import FeatureExtractor, classifier_features, inception_features, read_verified, rotations
 from gan.metrics import (
     MIN_CLASS_SAMPLES,
-    EvalSettings,
     ImageMetrics,
     MixtureMetrics,
     build_metrics,
@@ -35,6 +37,16 @@ GRID, GRID_STD = mixture_means("grid"), 0.05
 def feature_cache(tmp_path_factory):
     """One classifier cache for the session: test_evaluate.py names the same folder, so it trains once."""
     return tmp_path_factory.getbasetemp() / "feature_cache"
+
+
+def test_measuring_and_sampling_do_not_import_the_training_side():
+    """Metrics and sampling sit below training: usable, and importable, without the training module."""
+    check = ("import sys, gan.metrics, gan.sampling; "
+             "print(sorted(m for m in ('gan.module', 'gan.training', 'gan.callbacks', 'gan.evaluation') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 # --- 2D mixtures ---------------------------------------------------------------------------------
@@ -160,6 +172,7 @@ def test_digits_classifier_reaches_95_percent_and_is_cached_with_checksum(featur
     print(f"digits classifier test accuracy: {accuracy:.2%}")
     assert accuracy >= 0.95
     assert (feature_cache / "classifier-digits-1x16x16.pt.sha256").read_text().endswith(f"  {path.name}\n")
+    assert not list(feature_cache.glob(".*"))  # written atomically: no temporary file left behind
     with torch.no_grad():
         features = extractor(images[:10])
     assert features.shape == (10, extractor.num_features) and extractor.name == "classifier"
@@ -190,7 +203,7 @@ def test_unlabelled_images_default_to_rotation_features(tmp_path):
     images, _ = digits(image_size=8)
     unlabelled = TensorDataset(images, torch.full((len(images),), -1))
     data_cfg = {"name": "folder", "path": str(tmp_path)}
-    settings = EvalSettings(num_samples=50, cache_dir=str(tmp_path / "cache"), classifier_steps=150)
+    settings = eval_settings("num_samples=50", f"cache_dir={tmp_path / 'cache'}", "classifier_steps=150")
     metrics = build_metrics(data_cfg, unlabelled, settings)
     assert metrics.extractor.name == "rotation"
     accuracy = read_verified(next((tmp_path / "cache").glob("rotation-folder-*-1x8x8.pt")))["accuracy"]
@@ -199,7 +212,7 @@ def test_unlabelled_images_default_to_rotation_features(tmp_path):
     result = metrics.score(quantize(images[:50]))
     assert result["features"] == "rotation" and result["precision"] == 1.0
     with pytest.raises(ConfigError, match="features=classifier needs class labels"):
-        build_metrics(data_cfg, unlabelled, EvalSettings(features="classifier", cache_dir=str(tmp_path)))
+        build_metrics(data_cfg, unlabelled, eval_settings("features=classifier", f"cache_dir={tmp_path}"))
 
 
 def test_rotations_are_labelled_by_quarter_turns():
@@ -224,14 +237,14 @@ def test_inception_offline_stops_with_where_to_put_the_weights(tmp_path, monkeyp
 
 def test_feature_spaces_are_for_images_only():
     with pytest.raises(ConfigError, match="features=classifier is for images; data=ring"):
-        build_metrics({"name": "ring", "std": RING_STD}, TensorDataset(RING), EvalSettings(features="classifier"))
+        build_metrics({"name": "ring", "std": RING_STD}, TensorDataset(RING), eval_settings("features=classifier"))
 
 
 def test_settings_are_validated():
     with pytest.raises(ConfigError, match="features=vgg"):
-        EvalSettings.from_config({**EvalSettings().__dict__, "features": "vgg"})
+        eval_settings("features=vgg")
     with pytest.raises(ConfigError, match="at least 4"):
-        EvalSettings.from_config({**EvalSettings().__dict__, "num_samples": 1})
+        eval_settings("num_samples=1")
 
 
 # --- class-conditional generators ----------------------------------------------------------------
@@ -302,7 +315,7 @@ def test_real_digits_scored_as_their_own_class(feature_cache):
     """The digits classifier's head recognises real digits, each class's real images against
     themselves give a per-class FID of 0: the head and the labels line up with the feature space."""
     dataset = build_dataset({"name": "digits", "image_size": 16, "channels": 1}, 0)
-    metrics = build_metrics({"name": "digits"}, dataset, EvalSettings(cache_dir=str(feature_cache)))
+    metrics = build_metrics({"name": "digits"}, dataset, eval_settings(f"cache_dir={feature_cache}"))
     assert metrics.extractor.head is not None
     images, labels = real_images(dataset, 10000)
     values = metrics.score(images, labels=labels)

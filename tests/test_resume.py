@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_train
 
+from gan.callbacks import GeneratorStepCheckpoint
 from gan.checkpoint import AtomicCheckpointIO
 
 # Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on.
@@ -61,6 +62,18 @@ def test_atomic_write_leaves_the_old_file_when_saving_fails(tmp_path):
         io.save_checkpoint({"step": torch.tensor(2), "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=True)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary left behind
+
+
+def test_pruning_spares_other_files_and_the_checkpoints_of_a_run_resumed_from(tmp_path):
+    """A run resumed from step 3 in its own directory, where the first run went on to step 9: pruning
+    after the new step 5 keeps the newest two up to step 5 and leaves step 9 to be overwritten later."""
+    names = ["step_000001.ckpt", "step_000003.ckpt", "step_000004.ckpt", "step_000005.ckpt", "step_000009.ckpt",
+             "last.ckpt", "step_notes.ckpt", "notes.txt"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    GeneratorStepCheckpoint(tmp_path, every=1, keep=2).prune(5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["step_000004.ckpt", "step_000005.ckpt", "step_000009.ckpt", "last.ckpt", "step_notes.ckpt", "notes.txt"])
 
 
 WRITER = """

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
+import pytest
 import torch
-from conftest import ROOT, read_events, run_train
+from conftest import ROOT, TINY, read_events, run_train
+
+from gan.training import LIGHTNING_RANK_ZERO_LOGGER, LightningNoise
 
 EXPECTED_SCALARS = {"loss/d", "loss/g", "d/real", "d/fake", "grad_norm/g", "grad_norm/d"}
 
@@ -19,6 +23,8 @@ def test_run_directory_layout(digits_run):
         "step_000003.ckpt", "step_000006.ckpt"}
     grids = sorted(p.name for p in (digits_run / "samples").glob("*.png"))
     assert grids == ["step_000003.png", "step_000006.png"]
+    # The closing summary is in the run's log file, not only on a console that may be gone.
+    assert f"Run finished: 6 generator steps in {digits_run}" in (digits_run / "train.log").read_text()
 
 
 def test_tensorboard_scalars_are_logged_at_generator_steps(digits_run):
@@ -113,6 +119,56 @@ def test_bad_input_exits_with_one_line_and_no_damage(digits_run, tmp_path):
     assert not (tmp_path / "x" / "checkpoints").exists()
 
 
+def test_checkpoint_keep_must_be_a_count(tmp_path, capsys):
+    for keep in ("-1", "two"):
+        capsys.readouterr()
+        assert run_train(tmp_path / "x", f"checkpoint.keep={keep}") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: checkpoint.keep={keep}:"), err
+    assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+def test_a_finished_run_keeps_its_newest_checkpoints_and_says_what_it_did(tmp_path):
+    """What a newcomer sees at the end of `python train.py`: the run's summary, not Lightning's step
+    count of both optimizers nor its cloud advertisement, and only the newest periodic checkpoints."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "checkpoint.every=1",
+                          "checkpoint.keep=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # Every periodic checkpoint was written (step 1 to 6); each older one went once a newer one existed.
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "last.ckpt", "step_000005.ckpt", "step_000006.ckpt"]
+    assert int(torch.load(run_dir / "checkpoints" / "step_000005.ckpt", weights_only=True)
+               ["state_dict"]["counters.g_steps"]) == 5
+
+    console = out.stdout + out.stderr
+    assert "GPU available:" in console  # Lightning's other messages still reach the console
+    assert "`Trainer.fit` stopped" not in console and "max_steps=12" not in console
+    assert "Tip:" not in console and "litlogger" not in console and "litmodels" not in console
+    summary = [f"Run finished: 6 generator steps in {run_dir}; final losses loss/d ",
+               f"tensorboard --logdir {run_dir / 'tensorboard'}", f"python evaluate.py run_dir={run_dir}"]
+    log_file = (run_dir / "train.log").read_text()
+    for line in summary:
+        assert line in out.stdout and line in log_file, line
+
+
+@pytest.mark.parametrize("message,dropped", [
+    ("`Trainer.fit` stopped: `max_steps=16000` reached.", True),
+    ("💡 Tip: For seamless cloud logging and experiment tracking, try installing "
+     "[litlogger](https://pypi.org/project/litlogger/) to enable LitLogger, which logs metrics and artifacts "
+     "automatically to the Lightning Experiments platform.", True),
+    ("💡 Tip: For seamless cloud uploads and versioning, try installing [litmodels](https://pypi.org/project/"
+     "litmodels/) to enable LitModelCheckpoint, which syncs automatically with the Lightning model registry.", True),
+    ("`Trainer.fit` stopped: `max_epochs=1` reached.", False),
+    ("`Trainer.fit` stopped: No training batches.", False),
+    ("GPU available: False, used: False", False),
+    ("Restoring states from the checkpoint path at last.ckpt", False),
+])
+def test_exactly_two_lightning_messages_are_silenced(message, dropped):
+    record = logging.LogRecord(LIGHTNING_RANK_ZERO_LOGGER, logging.INFO, __file__, 0, message, None, None)
+    assert LightningNoise().filter(record) is not dropped
+
+
 def test_cli_prints_composed_config_and_one_line_errors(tmp_path):
     out = subprocess.run([sys.executable, "train.py", "--cfg", "job", "data=ring", "model=mlp"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -134,6 +190,7 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     assert int(ckpt["state_dict"]["counters.g_steps"]) == 6
     # Each rank draws its own share of one global batch: 6 steps x 16 images x 2 ranks.
     assert int(ckpt["state_dict"]["counters.images_seen"]) == 6 * 16 * 2
+    assert out.stdout.count("Run finished: 6 generator steps") == 1  # the summary comes from rank 0 alone
     out = subprocess.run(command[:3] + ["trainer.strategy=ddp", f"hydra.run.dir={tmp_path}/plain"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "use trainer=ddp" in out.stderr

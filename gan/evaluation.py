@@ -1,0 +1,130 @@
+"""``python evaluate.py``: score a trained run's checkpoint; write ``<run>/eval/`` and the run's TensorBoard.
+
+An application at the top of the package: it rebuilds the training module from a checkpoint, then
+uses the same sampling (gan/sampling.py), metrics (gan/metrics.py) and pictures (gan/visuals.py) as
+training does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.tensorboard import SummaryWriter
+
+from gan.checkpoint import atomic_write
+from gan.data import build_dataset, is_point_data, mixture_means
+from gan.devices import resolve_device
+from gan.errors import ConfigError
+from gan.features import to_uint8
+from gan.metrics import EvalSettings, build_metrics, scalars
+from gan.module import GANModule
+from gan.sampling import sample_and_score
+from gan.visuals import real_points_for_plot, render_samples
+
+log = logging.getLogger(__name__)
+
+
+def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
+    """(run directory, checkpoint file), or a ConfigError saying what is missing."""
+    if run_dir is None:
+        raise ConfigError("run_dir is required: python evaluate.py run_dir=<a train.py run directory>")
+    run = Path(run_dir).expanduser()
+    if not (run / ".hydra" / "config.yaml").is_file():
+        what = "is not a directory" if not run.is_dir() else "is not a training run (no .hydra/config.yaml)"
+        raise ConfigError(f"run_dir={run_dir} {what}: give the directory train.py wrote")
+    path = Path(ckpt).expanduser() if ckpt else run / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} does not exist: pass ckpt=<file>, e.g. one of "
+                          f"{run / 'checkpoints'}/*.ckpt")
+    return run, path
+
+
+def load_module(path: Path) -> GANModule:
+    """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling a file that is no checkpoint can fail in almost any way
+        raise ConfigError(f"cannot rebuild a GAN from {path}: not a readable checkpoint "
+                          f"({type(e).__name__})") from None
+    if not isinstance(ckpt, dict) or "hyper_parameters" not in ckpt or "state_dict" not in ckpt:
+        raise ConfigError(f"cannot rebuild a GAN from {path}: not a train.py checkpoint")
+    hp = ckpt["hyper_parameters"]
+    try:  # a checkpoint of an older version may lack a config key or hold other weights
+        module = GANModule(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
+        module.load_state_dict(ckpt["state_dict"])
+    except (KeyError, RuntimeError) as e:
+        raise ConfigError(f"cannot rebuild a GAN from {path}: {type(e).__name__} "
+                          f"{str(e).splitlines()[0]}") from None
+    return module
+
+
+def choose_generator(module: GANModule, ema: bool) -> tuple[str, str]:
+    """Which generator of a loaded run evaluate.py samples, and the TensorBoard tag prefix of its metrics.
+
+    ``ema=false`` sets the module's EMA copy aside (the module was loaded for this evaluation only), so
+    its ``sampling_generator`` is the raw G of the same checkpoint: same seed, same noise, and the
+    difference in the metrics is the effect of EMA. Returns ("ema" or "G", prefix). ``metrics/*`` is
+    what training logs for the sampling generator -- the EMA copy where the run has one -- so the raw G
+    of such a run logs as ``metrics_G/*``, and the two never mix on one curve.
+    """
+    had_ema = module.ema is not None
+    if not ema:
+        module.ema = None
+    generator = "G" if module.ema is None else "ema"
+    return generator, "metrics_G" if had_ema and generator == "G" else "metrics"
+
+
+def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
+    """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard.
+
+    Every check that can fail on bad input runs before the first file is written.
+    """
+    run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
+    settings = EvalSettings.from_config(cfg)
+    if not isinstance(cfg.ema, bool):
+        raise ConfigError(f"ema={cfg.ema}: use ema=true (the run's EMA copy, where it has one) or ema=false "
+                          "(the raw generator G)")
+    device = resolve_device(cfg.device)
+    module = load_module(ckpt_path).to(device)
+    generator, tag = choose_generator(module, cfg.ema)
+    run_cfg = module.cfg
+    dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
+    metrics = build_metrics(run_cfg["data"], dataset, settings, device)
+    samples, values = sample_and_score(module, metrics, settings, cfg.seed)
+    step = int(module.counters.g_steps)
+    # The long per-class table goes last, after the numbers a reader looks for first.
+    headline = {k: v for k, v in values.items() if k != "per_class"}
+    result = {**headline, "generator": generator, "step": step, "num_samples": settings.num_samples,
+              "seed": cfg.seed, "checkpoint": str(ckpt_path.resolve()),
+              **({"per_class": values["per_class"]} if "per_class" in values else {})}
+
+    out = run / "eval"
+    atomic_write(out / "metrics.json", lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
+    points = is_point_data(run_cfg["data"]["name"])
+    # Points keep their coordinates; images are stored as the 8-bit pixels a PNG would hold.
+    stored = samples.cpu().numpy().astype(np.float32) if points else to_uint8(samples).cpu().numpy()
+    atomic_write(out / "samples.npz", lambda f: np.savez_compressed(f, samples=stored))
+    writer = SummaryWriter(str(run / "tensorboard"))
+    title = (f"step {step}: {values['modes']}/{values['modes_total']} modes, "
+             f"{values['high_quality']:.0%} high quality") if points else ""
+    render_samples(samples, out / "grid.png", writer, "eval/grid" if tag == "metrics" else f"eval/grid_{generator}",
+                   step, num_classes=module.num_classes,
+                   real_points=real_points_for_plot(dataset) if points else None,
+                   means=mixture_means(run_cfg["data"]["name"]) if points else None, title=title)
+    for name, value in scalars(values, tag).items():
+        writer.add_scalar(name, value, step)
+    writer.close()
+    log.info(f"{run} at generator step {step} ({generator}): " + ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in headline.items()))
+    if "per_class" in values:
+        log.info("per class: " + "; ".join(
+            f"{label} " + ", ".join(f"{k} {v:.3g}" for k, v in entry.items() if isinstance(v, float))
+            for label, entry in values["per_class"].items()))
+    log.info(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}")
+    return result
