@@ -222,33 +222,53 @@ class StepBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, dataset_size: int, batch_size: int, seed: int, start_step: int = 0,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu"):
         self.n, self.batch_size, self.seed, self.start_step = dataset_size, batch_size, seed, start_step
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self._epoch, self._permutation = -1, torch.empty(0, dtype=torch.long)
 
     def permutation(self, epoch: int) -> torch.Tensor:
-        if epoch != self._epoch:  # consecutive steps share an epoch: draw its permutation once
+        if epoch != self._epoch:  # consecutive steps share an epoch: draw (and move) its permutation once
             self._epoch = epoch
-            self._permutation = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            self._permutation = torch.randperm(self.n, generator=generator).to(self.device)
         return self._permutation
 
+    def indices(self, step: int) -> torch.Tensor:
+        """The dataset indices of step ``step``'s batch (this rank's share), on ``device``."""
+        first = step * self.batch_size * self.world_size + self.rank * self.batch_size
+        pieces, taken = [], 0
+        while taken < self.batch_size:
+            epoch, offset = divmod(first + taken, self.n)
+            pieces.append(self.permutation(epoch)[offset: offset + self.batch_size - taken])
+            taken += len(pieces[-1])
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
     def indices_for_step(self, step: int) -> list[int]:
-        global_batch = self.batch_size * self.world_size
-        first = step * global_batch + self.rank * self.batch_size
-        out: list[int] = []
-        position = first
-        while len(out) < self.batch_size:
-            epoch, offset = divmod(position, self.n)
-            take = self.permutation(epoch)[offset: offset + self.batch_size - len(out)].tolist()
-            out.extend(take)
-            position += len(take)
-        return out
+        return self.indices(step).tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         # Endless: Lightning stops at trainer.max_steps, and no epoch boundary ever restarts the order.
         for step in itertools.count(self.start_step):
             yield self.indices_for_step(step)
+
+
+class TensorBatches:
+    """The batches of a :class:`StepBatchSampler` from tensors held whole on one device.
+
+    For datasets that are tensors already (the mixtures, digits, MNIST, CIFAR-10): each step indexes
+    the tensors once with the step's indices, instead of a DataLoader fetching items one by one and
+    collating them, and on a GPU nothing crosses from host to device per step: the data is copied
+    once, each epoch's permutation once per epoch.
+    """
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], sampler: StepBatchSampler):
+        self.tensors, self.sampler = tuple(t.to(sampler.device) for t in tensors), sampler
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        for step in itertools.count(self.sampler.start_step):
+            index = self.sampler.indices(step)
+            yield tuple(t[index] for t in self.tensors)
 
 
 class GANDataModule(L.LightningDataModule):
@@ -261,16 +281,23 @@ class GANDataModule(L.LightningDataModule):
         if len(self.dataset) == 0:
             raise ConfigError(f"data={data_cfg['name']} is empty")
 
-    def train_dataloader(self) -> DataLoader:
-        # Start where the (possibly restored) module left off; Lightning restores the checkpoint
-        # before it asks for the dataloader.
-        start = self.trainer.lightning_module.counters.g if self.trainer else 0
-        sampler = StepBatchSampler(len(self.dataset), self.batch_size * self.d_steps, self.seed, start,
+    def train_dataloader(self) -> DataLoader | TensorBatches:
+        # Start where the (possibly restored) module left off; Lightning restores the checkpoint and
+        # moves the module to its device before it asks for the dataloader.
+        module = self.trainer.lightning_module if self.trainer else None
+        tensors = isinstance(self.dataset, TensorDataset)
+        sampler = StepBatchSampler(len(self.dataset), self.batch_size * self.d_steps, self.seed,
+                                   module.counters.g if module else 0,
                                    self.trainer.global_rank if self.trainer else 0,
-                                   self.trainer.world_size if self.trainer else 1)
+                                   self.trainer.world_size if self.trainer else 1,
+                                   module.device if module and tensors else "cpu")
+        if tensors:
+            return TensorBatches(self.dataset.tensors, sampler)
         workers = int(self.cfg.get("num_workers", 0))
-        # An own generator: otherwise each new iterator draws its base seed from the global RNG, and a
-        # resumed run would consume one more draw than the uninterrupted one.
+        # Files are decoded by worker processes into pinned (page-locked) memory on CUDA, from which
+        # Lightning copies each batch with non_blocking=True. An own generator: otherwise each new
+        # iterator draws its base seed from the global RNG, and a resumed run would consume one more
+        # draw than the uninterrupted one.
         return DataLoader(self.dataset, batch_sampler=sampler, num_workers=workers,
                           persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
                           generator=torch.Generator().manual_seed(self.seed))

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from gan import audit, step
 from gan.augment import build_augment
 from gan.contexts import evaluating
+from gan.data import is_point_data
 from gan.losses import get_loss, gradient_penalty
 from gan.models import balanced_labels, build_models, condition_input
 from gan.regularizers import R1, build_regularizer
@@ -51,7 +52,7 @@ class GANModule(L.LightningModule):
         self.apply_speed_options(cfg["train"])
         # Fixed noise (and labels) for sample grids: persistent buffers, so grids stay comparable
         # across resume. Conditional grids get one row per class.
-        if len(self.data_shape) == 1:
+        if is_point_data(cfg["data"]["name"]):
             n = cfg["log"]["num_points"]
         elif num_classes:
             n = num_classes * cfg["log"]["samples_per_class"]
@@ -68,7 +69,7 @@ class GANModule(L.LightningModule):
         D in place (``Module.compile``, so the state_dict keys stay as they are). D is left eager when
         its loss differentiates D twice (R1, gradient penalty): compiled graphs have no double
         backward. Applied after the EMA copy was taken, which stays eager (it samples rarely)."""
-        self.channels_last = bool(train_cfg.get("channels_last", False)) and len(self.data_shape) == 3
+        self.channels_last = bool(train_cfg.get("channels_last", False)) and not is_point_data(self.cfg["data"]["name"])
         if self.channels_last:
             self.G.to(memory_format=torch.channels_last)
             self.D.to(memory_format=torch.channels_last)
@@ -77,16 +78,12 @@ class GANModule(L.LightningModule):
             if not (self.gp_weight or isinstance(self.reg, R1)):
                 self.D.compile()
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.channels_last:
-            return batch[0].contiguous(memory_format=torch.channels_last), batch[1]
-        return batch
-
     # --- the training step -----------------------------------------------------------------------
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         opt_g, opt_d = self.optimizers()
-        reals, labels = batch[0].chunk(self.d_steps), batch[1].chunk(self.d_steps)
+        images = batch[0].contiguous(memory_format=torch.channels_last) if self.channels_last else batch[0]
+        reals, labels = images.chunk(self.d_steps), batch[1].chunk(self.d_steps)
 
         # Extra D updates (d_steps > 1, e.g. wgan_gp) come first. Only D learns from them, so their
         # fakes are made under no_grad: no graph through G is built just to be cut off again.

@@ -44,6 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gan import step
 from gan.contexts import evaluating, frozen
+from gan.devices import resolve_device
 from gan.errors import ConfigError
 from gan.losses import get_loss
 from gan.models import DCGANDiscriminator, MLPDiscriminator, build_models, condition_input
@@ -1169,25 +1170,13 @@ def markdown_table(results: Iterable[Result]) -> str:
     return "\n".join(rows)
 
 
-def parse_device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device '{name}': use --device cpu or --device cuda") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"unsupported device '{name}': use --device cpu or --device cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} was asked for, but torch.cuda.is_available() is False here")
-    return device
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gan.patterns", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--only", metavar="NAME", help=f"run one demonstration: {', '.join(DEMOS)}")
     args = parser.parse_args(argv)
     try:
-        device = parse_device(args.device)
+        device = resolve_device(args.device)
         if args.only is not None and args.only not in DEMOS:
             raise ConfigError(f"unknown demonstration '{args.only}': choose one of {', '.join(DEMOS)}")
     except ConfigError as e:

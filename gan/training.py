@@ -18,6 +18,7 @@ from gan.data import GANDataModule, data_shape, is_point_data, mixture_means, nu
 from gan.errors import ConfigError
 from gan.metrics import EvalSettings
 from gan.module import GANModule
+from gan.timing import StepTimer
 from gan.visuals import real_points_for_plot
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ def train(cfg: DictConfig) -> GANModule:
         callbacks.append(AutogradAudit())
     if cfg.eval.every:
         callbacks.append(MetricsLogger(cfg.eval.every, EvalSettings.from_config(cfg.eval), cfg.seed))
+    if cfg.timing.enabled:
+        callbacks.append(StepTimer(cfg.log.every))  # last: it closes the step after the other callbacks
 
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     g_steps = trainer_args.pop("max_steps")

@@ -14,6 +14,7 @@ from torchvision.utils import make_grid, save_image
 
 from gan.checkpoint import atomic_write
 from gan.data import is_point_data
+from gan.timing import PHASES
 
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -34,6 +35,13 @@ DASHBOARD_LAYOUT = {
         "class accuracy (conditional runs)": ["Multiline", ["metrics/class_accuracy"]],
         "modes captured": ["Multiline", ["metrics/modes"]],
         "high quality and reverse KL": ["Multiline", ["metrics/high_quality", "metrics/reverse_kl"]],
+    },
+    # Written by gan/timing.py's StepTimer: where a generator step's time goes.
+    "speed": {
+        "step time by phase (ms)": ["Multiline", [f"time/{phase}_ms" for phase in PHASES] + ["time/step_ms"]],
+        "generator steps per second": ["Multiline", ["perf/g_steps_per_s"]],
+        "images per second": ["Multiline", ["perf/images_per_s"]],
+        "peak memory (MiB)": ["Multiline", ["perf/peak_memory_mb"]],
     },
 }
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compose_config
+from conftest import compose_config, eval_settings
 from omegaconf import OmegaConf
 from torch import nn
 
 from gan.contexts import evaluating
 from gan.features import FeatureExtractor
-from gan.metrics import EvalSettings, ImageMetrics, generate_samples, sample_and_score
+from gan.metrics import ImageMetrics
 from gan.module import GANModule
+from gan.sampling import generate_samples, sample_and_score
 
 
 def state(module: nn.Module) -> dict[str, object]:
@@ -74,7 +75,7 @@ def test_evaluation_leaves_the_generator_bit_identical(ema):
     flat = FeatureExtractor("flat", nn.Flatten(), 256)
     metrics = ImageMetrics(flat)
     metrics.add_real(torch.rand(30, 1, 16, 16) * 2 - 1)
-    scored, values = sample_and_score(module, metrics, EvalSettings(num_samples=20, batch_size=8), seed=0)
+    scored, values = sample_and_score(module, metrics, eval_settings("num_samples=20", "batch_size=8"), seed=0)
 
     assert_same(before, state(generator))
     assert_same(before_g, state(module.G))
