@@ -230,8 +230,10 @@ class StepBatchSampler(Sampler[list[int]]):
     def permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._epoch:  # consecutive steps share an epoch: draw (and move) its permutation once
             self._epoch = epoch
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            self._permutation = torch.randperm(self.n, generator=generator).to(self.device)
+            permutation = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+            if self.device.type == "cuda":  # from page-locked memory the copy does not block the host
+                permutation = permutation.pin_memory().to(self.device, non_blocking=True)
+            self._permutation = permutation
         return self._permutation
 
     def indices(self, step: int) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""Per-phase step timing (gan/timing.py): the phases of real training steps, in order, adding up to
+the step; their TensorBoard tags; the CUDA paths where a GPU exists. No timing is asserted against a
+number: these check what is measured, not how fast."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from conftest import compose_config, read_events
+
+from gan.timing import PHASES, PhaseTimer, StepTimer
+from gan.training import train
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU (CUDA events, sync debug mode, pinned memory)")
+# One generator step's phases in the order the step runs them (d_steps = 1): G(z) comes first, and the
+# G loss's forward through D is timed as g_forward too.
+ONE_STEP = ["data", "g_forward", "d_forward_backward", "d_optimizer", "g_forward", "g_backward", "g_optimizer",
+            "statistics", "callbacks"]
+
+
+def test_phase_timer_accumulates_and_collect_clears():
+    timer = PhaseTimer()
+    for _ in range(2):
+        with timer.phase("g_forward"):
+            time.sleep(0.002)
+    totals = timer.collect()
+    assert set(totals) == {"g_forward"} and totals["g_forward"] >= 4.0
+    assert timer.collect() == {}
+
+
+def test_phases_of_real_steps_come_in_order_and_add_up_to_the_step(tmp_path):
+    # log.every beyond the run: the timer never collects, so every interval of every step stays readable.
+    cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "log.every=1000", "model.width=32",
+                         "train.batch_size=64", run_dir=tmp_path)
+    timer = train(cfg).timer
+    names = [name for name, _, _ in timer.intervals]
+    steps = cfg.trainer.max_steps
+    assert names == ONE_STEP * steps
+    assert set(names) == set(PHASES)
+    for k in range(steps):
+        intervals = timer.intervals[k * len(ONE_STEP):(k + 1) * len(ONE_STEP)]
+        # In order, none overlapping the next ...
+        assert all(end <= next_start for (_, _, end), (_, next_start, _) in zip(intervals, intervals[1:]))
+        # ... and together they cover the step, from the wait for its data to the end of its callbacks.
+        step_time = intervals[-1][2] - intervals[0][1]
+        phases_time = sum(end - start for _, start, end in intervals)
+        assert phases_time == pytest.approx(step_time, rel=0.10)
+
+
+def test_timing_scalars_and_dashboard_reach_tensorboard(digits_run):
+    events = read_events(digits_run / "tensorboard")
+    tags = set(events.Tags()["scalars"])
+    expected = {f"time/{phase}_ms" for phase in PHASES} | {"time/step_ms", "perf/g_steps_per_s",
+                                                           "perf/images_per_s", "perf/peak_memory_mb"}
+    assert expected <= tags
+    steps = [e.step for e in events.Scalars("time/step_ms")]
+    assert steps == [e.step for e in events.Scalars("loss/d")]  # logged with the losses, every log.every
+    step_ms = [e.value for e in events.Scalars("time/step_ms")]
+    per_phase = [sum(events.Scalars(f"time/{p}_ms")[i].value for p in PHASES) for i in range(len(steps))]
+    assert all(0 < phases <= total * 1.10 for phases, total in zip(per_phase, step_ms))
+    images = [e.value for e in events.Scalars("perf/images_per_s")]
+    g_steps = [e.value for e in events.Scalars("perf/g_steps_per_s")]
+    assert images == pytest.approx([16 * s for s in g_steps], rel=1e-5)  # debug=tiny: batch 16
+
+
+def test_timing_can_be_switched_off(tmp_path):
+    cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "timing.enabled=false",
+                         "trainer.max_steps=2", run_dir=tmp_path)
+    module = train(cfg)
+    assert module.timer.intervals == []
+    assert not any(t.startswith(("time/", "perf/")) for t in read_events(tmp_path / "tensorboard").Tags()["scalars"])
+
+
+# --- CUDA: events, sync mode, no sync in the hot path, device-ready data ---------------------------------------
+
+@needs_cuda
+def test_cuda_events_agree_with_synchronized_timing():
+    x = torch.randn(2048, 2048, device="cuda")
+    totals = {}
+    for sync in (False, True):
+        timer = PhaseTimer(sync=sync)
+        timer.device = torch.device("cuda")
+        for _ in range(3):
+            with timer.phase("g_forward"):
+                for _ in range(10):
+                    x @ x
+        totals[sync] = timer.collect()["g_forward"]
+    assert totals[False] == pytest.approx(totals[True], rel=0.25)
+
+
+def fit_on_gpu(tmp_path, steps: int, callbacks: list, *overrides: str):
+    """A real Trainer on one GPU, with no logging, sampling or checkpoint step inside the run."""
+    import lightning as L
+    from omegaconf import OmegaConf
+
+    from gan.data import GANDataModule, data_shape
+    from gan.module import GANModule
+
+    cfg = compose_config("debug=tiny", "audit=false", "log.every=1000", *overrides, run_dir=tmp_path)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    module = GANModule(container, data_shape(container["data"]))
+    trainer = L.Trainer(max_steps=steps * (cfg.train.d_steps + 1), accelerator="gpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        callbacks=[*callbacks, StepTimer(1000)])  # phases timed with CUDA events
+    trainer.fit(module, datamodule=GANDataModule(container["data"], cfg.train.batch_size, cfg.train.d_steps, 0))
+    return module
+
+
+@needs_cuda
+@pytest.mark.parametrize("overrides", [(), ("augment=ada",), ("data=ring", "model=mlp")])
+def test_no_host_device_sync_inside_a_training_step(tmp_path, overrides):
+    """A training step on CUDA never makes the host wait for the device (torch raises on any sync
+    while the debug mode is "error"), augmentation and R1 included."""
+    import lightning as L
+
+    class SyncDebug(L.Callback):
+        def on_train_batch_start(self, *args):
+            torch.cuda.set_sync_debug_mode("error")
+
+        def on_train_batch_end(self, *args):
+            torch.cuda.set_sync_debug_mode("default")
+
+    try:
+        module = fit_on_gpu(tmp_path, 4, [SyncDebug()], *overrides)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert module.counters.g == 4
+
+
+@needs_cuda
+def test_tensor_datasets_are_indexed_on_the_gpu(tmp_path):
+    import lightning as L
+
+    devices = []
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            devices.append(batch[0].device.type)
+
+    fit_on_gpu(tmp_path, 2, [Probe()], "data=ring", "model=mlp")
+    assert devices == ["cuda", "cuda"]
