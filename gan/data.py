@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import logging
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from gan.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -139,11 +143,16 @@ def cifar10_dataset(root: str, split: str, download: bool, image_size: int) -> T
     return TensorDataset(to_model_range(images, image_size), torch.tensor(ds.targets, dtype=torch.long))
 
 
+# data.preload=auto decodes a folder into memory (then served like the tensor datasets, from the
+# device) up to this size; past it, images are decoded per step by DataLoader workers.
+PRELOAD_LIMIT = 2**30
+
+
 class ImageFolderDataset(Dataset):
     """Images from a directory, flat or one subfolder per class; decoded lazily, square-cropped."""
 
     def __init__(self, path: str, image_size: int, channels: int):
-        root = Path(path).expanduser()
+        root = self.root = Path(path).expanduser()
         if not root.is_dir():
             raise ConfigError(f"data.path={path} is not a directory: point it at a folder of images")
         if channels not in (1, 3):
@@ -162,6 +171,13 @@ class ImageFolderDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def decoded(self) -> TensorDataset:
+        """Every image decoded once, as one tensor (labels -1 where the folder has no classes)."""
+        start = time.perf_counter()
+        images = torch.stack([self[i][0] for i in range(len(self))])
+        log.info(f"decoded {len(self)} images of {self.root} into memory in {time.perf_counter() - start:.1f} s")
+        return TensorDataset(images, torch.tensor([label for _, label in self.files], dtype=torch.long))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         file, label = self.files[index]
@@ -192,7 +208,14 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
     if name == "cifar10":
         return cifar10_dataset(cfg["root"], split, cfg["download"], cfg["image_size"])
     if name == "folder":
-        return ImageFolderDataset(cfg["path"], cfg["image_size"], cfg["channels"])
+        folder = ImageFolderDataset(cfg["path"], cfg["image_size"], cfg["channels"])
+        preload = cfg.get("preload", "auto")
+        if preload not in ("auto", True, False):
+            raise ConfigError(f"data.preload={preload}: use auto, true or false")
+        size = len(folder) * cfg["channels"] * cfg["image_size"] ** 2 * 4  # float32 bytes
+        if preload is True or (preload == "auto" and size <= PRELOAD_LIMIT):
+            return folder.decoded()
+        return folder
     raise ConfigError(f"unknown dataset '{name}': use data=digits|ring|grid|mnist|fashion_mnist|cifar10|folder")
 
 

@@ -14,7 +14,9 @@ import pytest
 import torch
 from conftest import MNIST_T10K
 from PIL import Image
+from torch.utils.data import TensorDataset
 
+import gan.data
 from gan.data import (
     ImageFolderDataset,
     StepBatchSampler,
@@ -211,6 +213,23 @@ def test_folder_flat_and_per_class(tmp_path):
     per_class = ImageFolderDataset(str(tmp_path / "classes"), image_size=16, channels=1)
     assert [per_class[i][1] for i in range(3)] == [0, 1, 1]
     assert per_class[0][0].shape == (1, 16, 16) and num_classes(per_class) == 2
+
+
+def test_folder_preload_decodes_once_into_the_same_tensors(tmp_path, monkeypatch):
+    for i, color in enumerate([(255, 0, 0), (0, 255, 0), (0, 0, 255)]):
+        write_png(tmp_path / "classes" / f"c{i % 2}" / f"{i}.png", (20, 20), color)
+    cfg = {"name": "folder", "path": str(tmp_path / "classes"), "image_size": 8, "channels": 3}
+    lazy = build_dataset(cfg | {"preload": False}, seed=0)
+    loaded = build_dataset(cfg | {"preload": "auto"}, seed=0)
+    assert isinstance(lazy, ImageFolderDataset) and isinstance(loaded, TensorDataset)
+    images, labels = loaded.tensors
+    assert torch.equal(images, torch.stack([lazy[i][0] for i in range(3)]))
+    assert labels.tolist() == [lazy[i][1] for i in range(3)] and num_classes(loaded) == num_classes(lazy) == 2
+    monkeypatch.setattr(gan.data, "PRELOAD_LIMIT", images.nbytes - 1)  # auto: only what fits
+    assert isinstance(build_dataset(cfg | {"preload": "auto"}, seed=0), ImageFolderDataset)
+    assert isinstance(build_dataset(cfg | {"preload": True}, seed=0), TensorDataset)
+    with pytest.raises(ConfigError, match="data.preload=maybe: use auto, true or false"):
+        build_dataset(cfg | {"preload": "maybe"}, seed=0)
 
 
 def test_folder_errors_are_one_clear_line(tmp_path):
