@@ -102,7 +102,8 @@ class EMAGenerator(nn.Module):
             k = self.num_updates.double()
             weight = 1.0 - ((1.0 + k) / (10.0 + k)).clamp(max=self.decay)
             self.num_updates += 1
-        for name, param in generator.named_parameters():
-            averaged[name].lerp_(param.detach(), weight.to(param.dtype))
+        names, params = zip(*((name, p.detach()) for name, p in generator.named_parameters()))
+        # One fused call for all weights rather than one lerp_ (and its dispatch) per tensor.
+        torch._foreach_lerp_([averaged[name] for name in names], list(params), weight.to(params[0].dtype))
         for name, buffer in generator.named_buffers():
             averaged[name].copy_(buffer)

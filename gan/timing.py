@@ -13,8 +13,8 @@ Why it is timed this way:
   the hot path gains none. ``timing.sync=true`` instead synchronizes at every boundary and reads the
   host clock -- exact but slower, and a way to check the events.
 * On a CPU every op has finished when it returns: ``time.perf_counter()`` is exact there.
-* Every phase is also a ``torch.profiler.record_function`` range, so ``trainer.profiler=pytorch``
-  traces read by phase.
+* Under ``trainer.profiler=pytorch`` every phase is also a ``torch.profiler.record_function`` range
+  (``gan/<phase>``), so its traces read by phase.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.profilers import PyTorchProfiler
 from torch.profiler import record_function
 
 PHASES = ("data", "d_forward_backward", "d_optimizer", "g_forward", "g_backward", "g_optimizer", "statistics",
@@ -45,6 +46,7 @@ class PhaseTimer:
 
     def __init__(self, enabled: bool = True, sync: bool = False):
         self.enabled, self.sync = enabled, sync
+        self.labels = False  # record_function ranges, set when the PyTorch profiler runs
         self.device = torch.device("cpu")
         self.open: dict[str, Any] = {}
         self.intervals: list[tuple[str, Any, Any]] = []
@@ -73,7 +75,9 @@ class PhaseTimer:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the block as ``name`` (accumulated when a phase occurs twice in a step)."""
-        with record_function(f"gan/{name}"):
+        # A record_function range costs tens of microseconds even with no profiler listening: labelled
+        # only when trainer.profiler=pytorch records them.
+        with record_function(f"gan/{name}") if self.labels else nullcontext():
             self.start(name)
             try:
                 yield
@@ -118,6 +122,7 @@ class StepTimer(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         pl_module.timer.device = pl_module.device
+        pl_module.timer.labels = isinstance(trainer.profiler, PyTorchProfiler)
         pl_module.timer.collect()  # drop anything from before training
         pl_module.timer.start("data")
         self.window_start, self.window_steps = time.perf_counter(), 0

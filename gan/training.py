@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
@@ -80,8 +81,9 @@ def validate(cfg: DictConfig) -> None:
                           "<run>/checkpoints/last.ckpt")
 
 
-def train(cfg: DictConfig) -> GANModule:
-    """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module."""
+def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANModule:
+    """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module.
+    ``extra_callbacks`` run before the project's own (e.g. a benchmark's clock)."""
     validate(cfg)
     logging.getLogger(LIGHTNING_RANK_ZERO_LOGGER).addFilter(LIGHTNING_NOISE)
     run_dir = Path(cfg.paths.run_dir)
@@ -97,6 +99,7 @@ def train(cfg: DictConfig) -> GANModule:
 
     points = is_point_data(cfg.data.name)
     callbacks: list[L.Callback] = [
+        *extra_callbacks,
         GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep),
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
                      real_points_for_plot(datamodule.dataset) if points else None,

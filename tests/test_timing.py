@@ -142,3 +142,14 @@ def test_tensor_datasets_are_indexed_on_the_gpu(tmp_path):
 
     fit_on_gpu(tmp_path, 2, [Probe()], "data=ring", "model=mlp")
     assert devices == ["cuda", "cuda"]
+
+
+def test_under_the_pytorch_profiler_each_phase_is_a_labelled_range(tmp_path):
+    timer = PhaseTimer()
+    timer.labels = True
+    with torch.profiler.profile() as profile, timer.phase("d_optimizer"):
+        torch.ones(3).sum()
+    assert "gan/d_optimizer" in {event.name for event in profile.events()}
+    cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "trainer.profiler=pytorch",
+                         "trainer.max_steps=2", run_dir=tmp_path)
+    assert train(cfg).timer.labels  # switched on by StepTimer when trainer.profiler=pytorch
