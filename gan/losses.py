@@ -75,15 +75,26 @@ def get_loss(name: str) -> AdversarialLoss:
     return LOSSES[name]
 
 
-def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Tensor) -> Tensor:
+def input_gradient(outputs: Tensor, inputs: Tensor, scale: Tensor | None = None) -> Tensor:
+    """The gradient of ``outputs.sum()`` with respect to ``inputs``, itself differentiable.
+
+    ``create_graph=True``: a penalty built from it is differentiated again in D's backward, so it must
+    be a function of D's weights, not a detached number. ``scale``: under float16 mixed precision the
+    loss scale of the GradScaler (as a tensor on the device: no sync), applied before this inner
+    backward so that small gradients do not underflow in float16, and divided out of the result.
+    """
+    total = outputs.sum() if scale is None else outputs.sum() * scale
+    (grad,) = torch.autograd.grad(total, inputs, create_graph=True)
+    return grad if scale is None else grad / scale
+
+
+def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Tensor,
+                     scale: Tensor | None = None) -> Tensor:
     """E[(||grad_x critic(x_hat)||_2 - 1)^2] on random interpolates x_hat (WGAN-GP).
 
-    ``create_graph=True``: the penalty is itself differentiated in D's backward, so the gradient
-    must be a differentiable function of D's weights, not a detached number.
-    ``fake`` must already be detached: the penalty trains D only.
+    ``fake`` must already be detached: the penalty trains D only. ``scale``: see :func:`input_gradient`.
     """
     alpha = torch.rand(real.shape[0], *([1] * (real.dim() - 1)), device=real.device, dtype=real.dtype)
     x_hat = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
-    (grad,) = torch.autograd.grad(critic(x_hat).sum(), x_hat, create_graph=True)
+    grad = input_gradient(critic(x_hat), x_hat, scale)
     return (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
-

@@ -125,10 +125,20 @@ class GANModule(L.LightningModule):
         self.d_real_mean.update(real_logits)
         self.d_fake_mean.update(fake_logits)
         loss = self.loss.d(real_logits, fake_logits)
+        scale = self.loss_scale()
         if self.gp_weight:
-            loss = loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake)
-        penalty = self.reg.penalty(d_step, real, real_logits, fake_logits)
+            loss = loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake, scale)
+        penalty = self.reg.penalty(d_step, real, real_logits, fake_logits, scale)
         return (loss if penalty is None else loss + penalty), real_logits, fake_logits
+
+    def loss_scale(self) -> Tensor | None:
+        """float16 mixed precision (``trainer.precision=16-mixed``, GPUs): the GradScaler's current loss
+        scale as a device tensor, for the penalties' inner backward; None otherwise. Lightning's
+        precision plugin scales both optimizers' losses and steps them through the same scaler."""
+        scaler = getattr(self._trainer.precision_plugin, "scaler", None) if self._trainer else None
+        if scaler is None or not scaler.is_enabled():
+            return None
+        return scaler.scale(torch.ones((), device=self.device))  # multiplied on the device: no sync
 
     def g_loss(self, fake: Tensor, y: Tensor | None) -> Tensor:
         """What G minimises: the adversarial loss on D's verdict about ``fake`` (D is frozen by the step)."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor, autograd
+from torch import Tensor
 
 from gan.errors import ConfigError
+from gan.losses import input_gradient
 from gan.stats import RunningMean
 
 
@@ -23,8 +24,10 @@ class Regularizer:
         """Whether the D update numbered ``d_step`` (0-based) differentiates D with respect to ``real``."""
         return False
 
-    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor) -> Tensor | None:
-        """What this regularizer adds to D's loss in update ``d_step``; None for nothing."""
+    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
+                scale: Tensor | None = None) -> Tensor | None:
+        """What this regularizer adds to D's loss in update ``d_step``; None for nothing. ``scale``:
+        float16 mixed precision's loss scale (:func:`gan.losses.input_gradient`)."""
         return None
 
 
@@ -43,10 +46,11 @@ class R1(Regularizer):
     def needs_input_grad(self, d_step: int) -> bool:
         return d_step % self.every == 0
 
-    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor) -> Tensor | None:
+    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
+                scale: Tensor | None = None) -> Tensor | None:
         if not self.needs_input_grad(d_step):
             return None
-        return self.gamma / 2 * self.every * r1_penalty(real_logits, real)
+        return self.gamma / 2 * self.every * r1_penalty(real_logits, real, scale)
 
 
 class LeCam(Regularizer):
@@ -55,7 +59,8 @@ class LeCam(Regularizer):
     def __init__(self, weight: float, real_mean: RunningMean, fake_mean: RunningMean):
         self.weight, self.real_mean, self.fake_mean = weight, real_mean, fake_mean
 
-    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor) -> Tensor | None:
+    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
+                scale: Tensor | None = None) -> Tensor | None:
         return self.weight * lecam_penalty(real_logits, fake_logits, self.real_mean.value, self.fake_mean.value)
 
 
@@ -73,14 +78,13 @@ def build_regularizer(cfg: dict[str, Any], real_mean: RunningMean, fake_mean: Ru
     return REGULARIZERS[cfg["name"]](cfg, real_mean, fake_mean)
 
 
-def r1_penalty(real_logits: Tensor, real: Tensor) -> Tensor:
+def r1_penalty(real_logits: Tensor, real: Tensor, scale: Tensor | None = None) -> Tensor:
     """R1 (Mescheder et al. 2018): E[||grad_x D(x)||^2] on real data, before the gamma / 2 factor.
 
-    ``real`` must have ``requires_grad=True`` and ``real_logits`` must come from it;
-    ``create_graph=True`` because the penalty is differentiated again in D's backward.
+    ``real`` must have ``requires_grad=True`` and ``real_logits`` must come from it. ``scale``: see
+    :func:`gan.losses.input_gradient`.
     """
-    (grad,) = autograd.grad(real_logits.sum(), real, create_graph=True)
-    return grad.pow(2).flatten(1).sum(dim=1).mean()
+    return input_gradient(real_logits, real, scale).pow(2).flatten(1).sum(dim=1).mean()
 
 
 def lecam_penalty(real_logits: Tensor, fake_logits: Tensor, real_anchor: Tensor, fake_anchor: Tensor) -> Tensor:

@@ -126,3 +126,21 @@ def test_d_loss_adds_the_gradient_penalty_times_its_weight():
     gp = (w.norm() - 1).pow(2)  # |grad D(x_hat)| = |w| = 1.5 at every interpolate
     loss, _, _ = module.d_loss(real, fake, None)
     assert torch.allclose(loss, wasserstein + 10.0 * gp)
+
+
+def test_penalties_under_a_loss_scale_equal_the_unscaled_ones():
+    """float16 mixed precision scales the penalties' inner backward (against underflow) and divides the
+    scale back out: the penalty and its gradient are those of the unscaled computation."""
+    from gan.losses import gradient_penalty
+
+    w = torch.tensor([0.3, -0.7], requires_grad=True)
+
+    def penalties(scale):
+        x = X_REAL.clone().requires_grad_(True)
+        r1 = r1_penalty(x @ w + x.pow(2).sum(1), x, scale)
+        torch.manual_seed(0)  # the same interpolates
+        gp = gradient_penalty(lambda v: v @ w + v.pow(3).sum(1), X_REAL, X_FAKE, scale)
+        return r1, gp, torch.autograd.grad(r1 + gp, w)[0]
+
+    plain, scaled = penalties(None), penalties(torch.tensor(2.0**16))
+    assert all(torch.allclose(a, b) for a, b in zip(plain, scaled))
