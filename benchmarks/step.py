@@ -16,7 +16,8 @@ step-to-step times, and comparisons are ratios. Sections:
 (c) the detach and freeze decisions, from ``python -m gan.patterns`` (the training step's own code);
 (d) evaluation under no_grad vs with autograd: time and memory held;
 (e) each speed option alone and combined vs fp32 eager, through ``train``: bf16 autocast
-    (``trainer.precision=bf16-mixed``), ``train.channels_last=true``, ``train.compile=true``.
+    (``trainer.precision=bf16-mixed``), ``train.channels_last=true``, ``train.compile=true``;
+(f) the cost of the per-phase timing itself: ``timing.enabled`` true vs false.
 """
 
 from __future__ import annotations
@@ -328,13 +329,25 @@ def section_d(device: torch.device, rounds: int) -> list[str]:
     return rows
 
 
+def section_f(args: argparse.Namespace, device: torch.device) -> list[str]:
+    rows = ["| preset | timing on | timing off | overhead |", "|---|---|---|---|"]
+    for name, overrides in {"digits (the default run)": [], "ring": ["data=ring"]}.items():
+        ms = alternate(args.rounds,
+                       on=lambda o=overrides: framework_ms(o, args.steps, device.type),
+                       off=lambda o=overrides: framework_ms([*o, "timing.enabled=false"], args.steps, device.type))
+        overhead = (ms["on"] / ms["off"] - 1) * 100
+        rows.append(f"| {name} | {ms['on']:.2f} ms | {ms['off']:.2f} ms | **{overhead:+.1f}%** |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30, help="steps per measurement (the first 5 are dropped)")
-    parser.add_argument("--only", nargs="*", choices=["a", "b", "c", "d"], default=["a", "b", "c", "d"],
-                        help="sections to run (b includes e)")
+    parser.add_argument("--only", nargs="*", choices=["a", "b", "c", "d", "f"],
+                        default=["a", "b", "c", "d", "f"], help="sections to run (b includes e)")
     parser.add_argument("--compile", action="store_true", help="on a CPU, also measure train.compile (slow start)")
     parser.add_argument("--write", type=Path, help="write the report to this markdown file")
     args = parser.parse_args()
@@ -355,6 +368,8 @@ def main() -> None:
         report += ["", "## (c) The detach and freeze decisions (the training step's own code)", "", *section_c(device)]
     if "d" in args.only:
         report += ["", "## (d) Evaluation under no_grad vs with autograd", "", *section_d(device, args.rounds)]
+    if "f" in args.only:
+        report += ["", "## (f) The cost of per-phase timing (`timing.enabled`)", "", *section_f(args, device)]
     if args.write:
         args.write.write_text("\n".join(report) + "\n")
         print(f"wrote {args.write}")
