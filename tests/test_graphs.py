@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import read_events, run_train
 from mutation import D_NOT_FROZEN, mutated_step
 from PIL import Image
 
 from gan import graphs, patterns
+from gan.callbacks import SampleLogger
 
 CPU = torch.device("cpu")
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
@@ -102,6 +104,22 @@ def test_graph_command_prints_the_trees_and_draws_svg_and_png(tmp_path: Path, ca
 def test_graph_command_keeps_the_table_options_apart(capsys):
     assert patterns.main(["--only", "leaf", "graph"]) == 2
     assert "--only" in capsys.readouterr().err
+
+
+@needs_dot
+def test_every_run_logs_the_g_loss_graph_at_step_0(digits_run):
+    images = read_events(digits_run / "tensorboard").Images(SampleLogger.GRAPH_TAG)
+    assert [e.step for e in images] == [0]
+    assert images[0].height > images[0].width > 500  # the tall chain of the loss, D, augmentation and G
+
+
+def test_without_dot_a_run_logs_no_graph_and_says_so_in_the_debug_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no dot on it
+    run = tmp_path / "run"
+    assert run_train(run, "hydra.verbose=gan.callbacks") == 0  # debug lines of gan.callbacks into train.log
+    assert SampleLogger.GRAPH_TAG not in read_events(run / "tensorboard").Tags()["images"]
+    assert "[DEBUG] - no autograd graph in TensorBoard: Graphviz's dot is not installed" in (
+        run / "train.log").read_text()
 
 
 @needs_dot
