@@ -1,5 +1,5 @@
-"""What a person looks at: samples as image grids or 2D scatter plots (PNG and TensorBoard), and the
-TensorBoard dashboard layout and hyperparameter table."""
+"""What a person looks at: samples as image grids or 2D scatter plots (PNG and TensorBoard), latent
+interpolations, and the TensorBoard dashboard layout and hyperparameter table."""
 
 from __future__ import annotations
 
@@ -93,12 +93,13 @@ def image_grid(images: Tensor, nrow: int | None = None, min_width: int = 512) ->
     return grid.repeat_interleave(scale, -1).repeat_interleave(scale, -2)
 
 
-def scatter_figure(samples: Tensor, real: Tensor, means: Tensor | None = None,
+def scatter_figure(samples: Tensor | None, real: Tensor, means: Tensor | None = None,
                    title: str = "") -> matplotlib.figure.Figure:
-    """Generated points over the real data (and the mixture means, when known)."""
+    """Generated points (when given) over the real data (and the mixture means, when known)."""
     fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
     ax.scatter(*real.cpu().T.numpy(), s=2, c="0.75", label="real")
-    ax.scatter(*samples.cpu().T.numpy(), s=3, c="tab:red", alpha=0.6, label="generated")
+    if samples is not None:
+        ax.scatter(*samples.cpu().T.numpy(), s=3, c="tab:red", alpha=0.6, label="generated")
     if means is not None:
         ax.scatter(*means.cpu().T.numpy(), s=40, marker="x", c="black", label="modes")
     lim = float(real.abs().max()) * 1.25 + 0.5
@@ -131,6 +132,35 @@ def render_samples(samples: Tensor, path: Path, writer: Any, tag: str, step: int
         if writer is not None:
             writer.add_image(tag, grid, step)
         atomic_write(path, lambda f: save_image(grid, f, format="png"))
+
+
+def render_interpolation(samples: Tensor, steps: int, path: Path, writer: Any, tag: str, step: int, *,
+                         real_points: Tensor | None = None, means: Tensor | None = None, title: str = "") -> None:
+    """Samples along latent paths (:func:`gan.sampling.interpolate`: ``steps`` per path, path after
+    path) as one picture, saved as a PNG at ``path`` and, when ``writer`` is given, added to
+    TensorBoard as ``tag`` at ``step``.
+
+    Images: one row per path, one column per step. Points (``real_points`` given): each path drawn as a
+    line through its points over the real data, from a circle (start) to a square (end).
+    """
+    if real_points is None:
+        grid = image_grid(samples, nrow=steps)
+        if writer is not None:
+            writer.add_image(tag, grid, step)
+        atomic_write(path, lambda f: save_image(grid, f, format="png"))
+        return
+    fig = scatter_figure(None, real_points, means, title=title)
+    try:
+        ax = fig.axes[0]
+        for points in samples.cpu().unflatten(0, (-1, steps)).numpy():
+            line, = ax.plot(*points.T, "-", lw=1, marker=".", ms=3)
+            ax.plot(*points[0], "o", c=line.get_color(), ms=6)
+            ax.plot(*points[-1], "s", c=line.get_color(), ms=6)
+        if writer is not None:
+            writer.add_figure(tag, fig, step, close=False)
+        atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def real_points_for_plot(dataset: Any, n: int = 2000) -> Tensor:
