@@ -1,0 +1,133 @@
+"""The dashboards as a person sees them: the installed TensorBoard server, started on a short real run,
+answers its HTTP data API with the run's curves, pictures, chart layout and hyperparameters.
+
+The routes are those of the installed tensorboard package (2.21): ``/data/runs`` (core plugin) and
+``/data/plugin/<name>/<route>`` of the scalars, images, custom_scalars and hparams plugins.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from gan.callbacks import SampleLogger
+
+READY_WITHIN_S = 60  # startup plus the first read of the event files, on a busy 2-core machine
+RUN = "."  # the log directory holds the run's event files itself
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
+
+
+def fetch_json(url: str) -> Any:
+    return json.loads(fetch(url))
+
+
+def wait_for(check: Callable[[], bool], server: subprocess.Popen, what: str) -> None:
+    """Poll ``check`` until it holds, for at most READY_WITHIN_S; fail early if the server exits."""
+    deadline = time.monotonic() + READY_WITHIN_S
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"tensorboard exited with {server.returncode}"
+        try:
+            if check():
+                return
+        except OSError:  # not listening yet
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"tensorboard did not serve {what} within {READY_WITHIN_S} s")
+
+
+@pytest.fixture(scope="module")
+def dashboard(digits_run: Path, tmp_path_factory) -> Iterator[str]:
+    """A TensorBoard server on 127.0.0.1 over the session's digits run; its base URL. Stopped after
+    the module's tests, and checked to have stopped."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("tensorboard") / "server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(digits_run / "tensorboard"),
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        # Ready when the run is listed and its scalars are read (the server reads event files after it starts).
+        wait_for(lambda: RUN in fetch_json(f"{url}/data/runs")
+                 and "loss/g" in fetch_json(f"{url}/data/plugin/scalars/tags").get(RUN, {}), server, "the run")
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+            raise
+        finally:
+            log.close()
+
+
+def test_the_run_is_listed(dashboard):
+    assert fetch_json(f"{dashboard}/data/runs") == [RUN]
+
+
+def test_scalars_are_served_at_generator_steps(dashboard):
+    tags = fetch_json(f"{dashboard}/data/plugin/scalars/tags")[RUN]
+    assert {"loss/d", "loss/g", "d/real", "d/fake", "time/step_ms"} <= set(tags)
+    query = urllib.parse.urlencode({"run": RUN, "tag": "loss/g"})
+    points = fetch_json(f"{dashboard}/data/plugin/scalars/scalars?{query}")  # [wall_time, step, value] each
+    assert [step for _, step, _ in points] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sample_grids_are_served_as_png(dashboard):
+    tags = fetch_json(f"{dashboard}/data/plugin/images/tags")[RUN]
+    assert "samples/grid" in tags
+    query = urllib.parse.urlencode({"run": RUN, "tag": "samples/grid"})
+    grids = fetch_json(f"{dashboard}/data/plugin/images/images?{query}")
+    assert [g["step"] for g in grids] == [3, 6]
+    image = Image.open(io.BytesIO(fetch(f"{dashboard}/data/plugin/images/individualImage?{grids[-1]['query']}")))
+    assert image.format == "PNG" and image.width >= 512
+
+
+@pytest.mark.skipif(shutil.which("dot") is None,
+                    reason="Graphviz's dot is not installed (apt-get install graphviz): runs log no graph")
+def test_the_g_loss_graph_is_served_at_step_0(dashboard):
+    assert SampleLogger.GRAPH_TAG in fetch_json(f"{dashboard}/data/plugin/images/tags")[RUN]
+    query = urllib.parse.urlencode({"run": RUN, "tag": SampleLogger.GRAPH_TAG})
+    assert [g["step"] for g in fetch_json(f"{dashboard}/data/plugin/images/images?{query}")] == [0]
+
+
+def test_custom_scalars_layout_is_served(dashboard):
+    layout = fetch_json(f"{dashboard}/data/plugin/custom_scalars/layout")
+    charts = {c["title"]: c["multiline"]["tag"] for category in layout["category"] for c in category["chart"]}
+    assert charts["losses"] == ["loss/d", "loss/g"]
+    assert charts["D output on real and fake"][:2] == ["d/real", "d/fake"]
+    assert "time/step_ms" in charts["step time by phase (ms)"]
+
+
+def test_hparams_are_served(dashboard):
+    # The hparams routes take a JSON request (a GetExperimentRequest; empty: the defaults) as ?request=.
+    query = urllib.parse.urlencode({"request": "{}"})
+    experiment = fetch_json(f"{dashboard}/data/plugin/hparams/experiment?{query}")
+    hparams = {h["name"] for h in experiment["hparamInfos"]}
+    assert {"loss/name", "train/batch_size", "model/name"} <= hparams
+    assert {"loss/d", "loss/g"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
