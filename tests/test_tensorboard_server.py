@@ -10,13 +10,10 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import socket
-import subprocess
-import sys
-import time
+import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +21,9 @@ import pytest
 from PIL import Image
 
 from gan.callbacks import SampleLogger
+from gan.visuals import tensorboard_server
 
-READY_WITHIN_S = 60  # startup plus the first read of the event files, on a busy 2-core machine
 RUN = "."  # the log directory holds the run's event files itself
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fetch(url: str) -> bytes:
@@ -44,46 +35,21 @@ def fetch_json(url: str) -> Any:
     return json.loads(fetch(url))
 
 
-def wait_for(check: Callable[[], bool], server: subprocess.Popen, what: str) -> None:
-    """Poll ``check`` until it holds, for at most READY_WITHIN_S; fail early if the server exits."""
-    deadline = time.monotonic() + READY_WITHIN_S
-    while time.monotonic() < deadline:
-        assert server.poll() is None, f"tensorboard exited with {server.returncode}"
-        try:
-            if check():
-                return
-        except OSError:  # not listening yet
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"tensorboard did not serve {what} within {READY_WITHIN_S} s")
+def run_read(url: str) -> bool:
+    """The run is listed and read to its last step (the server reads event files after it starts)."""
+    if RUN not in fetch_json(f"{url}/data/runs") or "loss/g" not in fetch_json(
+            f"{url}/data/plugin/scalars/tags").get(RUN, {}):
+        return False
+    query = urllib.parse.urlencode({"run": RUN, "tag": "loss/g"})
+    return fetch_json(f"{url}/data/plugin/scalars/scalars?{query}")[-1][1] == 6  # [wall_time, step, value]
 
 
 @pytest.fixture(scope="module")
-def dashboard(digits_run: Path, tmp_path_factory) -> Iterator[str]:
-    """A TensorBoard server on 127.0.0.1 over the session's digits run; its base URL. Stopped after
-    the module's tests, and checked to have stopped."""
-    port = free_port()
-    log = (tmp_path_factory.mktemp("tensorboard") / "server.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(digits_run / "tensorboard"),
-         "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        # Ready when the run is listed and its scalars are read (the server reads event files after it starts).
-        wait_for(lambda: RUN in fetch_json(f"{url}/data/runs")
-                 and "loss/g" in fetch_json(f"{url}/data/plugin/scalars/tags").get(RUN, {}), server, "the run")
+def dashboard(digits_run: Path) -> Iterator[str]:
+    """The installed TensorBoard over the session's digits run, on 127.0.0.1; its base URL. Readiness is
+    polled for at most 60 s (startup and the first read of the event files, on a busy 2-core machine)."""
+    with tensorboard_server(digits_run / "tensorboard", ready=run_read, timeout_s=60) as url:
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
-            raise
-        finally:
-            log.close()
 
 
 def test_the_run_is_listed(dashboard):
@@ -131,3 +97,10 @@ def test_hparams_are_served(dashboard):
     hparams = {h["name"] for h in experiment["hparamInfos"]}
     assert {"loss/name", "train/batch_size", "model/name"} <= hparams
     assert {"loss/d", "loss/g"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
+
+
+def test_the_server_stops_when_its_block_ends(digits_run):
+    with tensorboard_server(digits_run / "tensorboard") as url:
+        assert fetch_json(f"{url}/data/runs") == [RUN]
+    with pytest.raises(urllib.error.URLError):  # connection refused: nothing listens on the port any more
+        fetch(f"{url}/data/runs")
