@@ -7,6 +7,7 @@ The routes are those of the installed tensorboard package (2.21): ``/data/runs``
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import shutil
@@ -18,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT
 from PIL import Image
 
 from gan.callbacks import SampleLogger
 from gan.visuals import tensorboard_server
 
 RUN = "."  # the log directory holds the run's event files itself
+TENSORBOARD_ORANGE = (245, 124, 0)  # the header bar of TensorBoard's web app
 
 
 def fetch(url: str) -> bytes:
@@ -104,3 +107,20 @@ def test_the_server_stops_when_its_block_ends(digits_run):
         assert fetch_json(f"{url}/data/runs") == [RUN]
     with pytest.raises(urllib.error.URLError):  # connection refused: nothing listens on the port any more
         fetch(f"{url}/data/runs")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="Chromium is not installed (apt-get install chromium): docs/screenshots.py cannot run")
+def test_the_screenshot_script_captures_a_rendered_dashboard(digits_run, tmp_path):
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "docs" / "screenshots.py")
+    screenshots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(screenshots)
+    path = tmp_path / "scalars.png"
+    with tensorboard_server(digits_run / "tensorboard", ready=run_read) as url:
+        screenshots.screenshot(screenshots.chromium(), f"{url}/{screenshots.DASHBOARDS['scalars']}", path)
+    with Image.open(path) as image:
+        assert image.size == tuple(int(n) for n in screenshots.WINDOW.split(","))
+        rgb = image.convert("RGB")
+        # The single-page app has drawn: TensorBoard's orange header bar across the top, and charts below.
+        assert rgb.getpixel((image.width // 2, 10)) == TENSORBOARD_ORANGE
+        assert len(rgb.getcolors(maxcolors=4096)) > 20
