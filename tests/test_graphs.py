@@ -82,7 +82,7 @@ def test_the_graphs_are_those_of_the_training_step():
     assert broken["g_loss"].parameters == G_PARAMETERS | D_PARAMETERS
 
 
-def test_the_text_tree_names_every_node_once(step_graphs):
+def test_the_text_tree_shows_the_leaves_and_the_frozen_weights(step_graphs):
     text = graphs.text_tree(step_graphs["g_loss"])
     assert text.splitlines()[0] == "G loss: the G update: through D(fake), with D frozen"
     assert all(f"{name} (" in text for name in G_PARAMETERS)
@@ -99,6 +99,14 @@ def test_graph_command_prints_the_trees_and_draws_svg_and_png(tmp_path: Path, ca
         assert (tmp_path / f"{stem}.svg").read_text().lstrip().startswith("<?xml")
         with Image.open(tmp_path / f"{stem}.png") as image:
             assert image.format == "PNG" and image.width > 800 and image.height > 600
+
+
+def test_graph_command_without_dot_prints_the_trees_and_says_how_to_draw_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no dot on it
+    assert patterns.main(["graph", "--out", str(tmp_path / "pictures")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("parameters reached:") == 5 and "apt-get install graphviz" in out
+    assert not (tmp_path / "pictures").exists()
 
 
 def test_graph_command_keeps_the_table_options_apart(capsys):
