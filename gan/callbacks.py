@@ -1,4 +1,5 @@
-"""Lightning callbacks of a training run: checkpoints, sample pictures, metrics and the progress bar.
+"""Lightning callbacks of a training run: checkpoints, pictures (samples, the G loss's autograd graph),
+metrics and the progress bar.
 
 Each counts **generator** steps (``pl_module.counters.g``), not Lightning's global step, which counts
 every optimizer step of D and G alike. (The autograd audit's callback lives with the audit, in
@@ -7,6 +8,7 @@ gan/audit.py.)
 
 from __future__ import annotations
 
+import logging
 import re
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -19,12 +21,15 @@ from torch import Tensor
 
 from gan import audit
 from gan.errors import ConfigError
+from gan.graphs import ForwardRecorder, dot_path, picture
 from gan.metrics import EvalSettings, ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.sampling import sample_and_score
 from gan.visuals import DASHBOARD_LAYOUT, render_samples, write_hparams
 
 if TYPE_CHECKING:
     from gan.module import GANModule
+
+log = logging.getLogger(__name__)
 
 # The names of GeneratorStepCheckpoint's periodic files: it prunes these and no other file.
 PERIODIC = re.compile(r"step_(\d+)\.ckpt")
@@ -78,9 +83,13 @@ class GeneratorStepCheckpoint(L.Callback):
 class SampleLogger(L.Callback):
     """Every ``every`` G steps and at the end: the fixed noise batch's samples to ``samples/`` and TensorBoard.
 
-    Also lays out TensorBoard's dashboard and hyperparameter table once, at the start. Points data
-    (``real_points`` given) is drawn as scatter plots over the real points and the mixture ``means``.
+    Also lays out TensorBoard's dashboard and hyperparameter table once, at the start, and draws the
+    autograd graph of the first step's G loss (``autograd/g_loss`` at step 0; where Graphviz's ``dot``
+    is installed). Points data (``real_points`` given) is drawn as scatter plots over the real points
+    and the mixture ``means``.
     """
+
+    GRAPH_TAG = "autograd/g_loss"
 
     def __init__(self, every: int, directory: Path, real_points: Tensor | None = None,
                  means: Tensor | None = None):
@@ -88,12 +97,34 @@ class SampleLogger(L.Callback):
         self.real_points, self.means = real_points, means
         self.tag = "samples/grid" if real_points is None else "samples/scatter"
         self.last_step = -1
+        self.recorder: ForwardRecorder | None = None  # watches G and D during a fresh run's first step
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: GANModule) -> None:
         if trainer.is_global_zero and trainer.logger is not None:
             writer = trainer.logger.experiment
             writer.add_custom_scalars(DASHBOARD_LAYOUT)
             write_hparams(writer, pl_module.cfg)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
+        # Step 0 only: a resumed run's event files have the picture already.
+        if pl_module.counters.g != 0 or not trainer.is_global_zero or trainer.logger is None:
+            return
+        if dot_path() is None:
+            log.debug("no autograd graph in TensorBoard: Graphviz's dot is not installed (apt-get install graphviz)")
+            return
+        self.recorder = ForwardRecorder(G=pl_module.G, D=pl_module.D)
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: GANModule, loss: Tensor) -> None:
+        # Of the step's backwards, the G update's is the one run while D is frozen (gan.step.g_update).
+        # The graph is read now: the backward about to run frees what its operations hold.
+        if self.recorder is None or any(p.requires_grad for p in pl_module.D.parameters()):
+            return
+        with self.recorder:
+            graph = self.recorder.graph("G loss", loss, "the G update: through D(fake), with D frozen")
+        self.recorder = None
+        trainer.logger.experiment.add_image(
+            self.GRAPH_TAG, picture([graph], "The autograd graph of the G loss, first training step"), 0,
+            dataformats="HWC")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
         if pl_module.counters.g % self.every == 0:

@@ -24,10 +24,14 @@ from gan.errors import ConfigError
 from gan.features import to_uint8
 from gan.metrics import EvalSettings, build_metrics, scalars
 from gan.module import GANModule
-from gan.sampling import sample_and_score
-from gan.visuals import real_points_for_plot, render_samples
+from gan.sampling import interpolate, sample_and_score
+from gan.visuals import real_points_for_plot, render_interpolation, render_samples
 
 log = logging.getLogger(__name__)
+
+# Latent interpolation: paths between pairs of noise vectors. Images: a row of IMAGE_STEPS per path;
+# points: POINT_STEPS along each path, drawn as a line. A conditional run gets one path per class.
+PATHS, IMAGE_STEPS, POINT_STEPS = 8, 10, 24
 
 
 def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
@@ -113,10 +117,16 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     writer = SummaryWriter(str(run / "tensorboard"))
     title = (f"step {step}: {values['modes']}/{values['modes_total']} modes, "
              f"{values['high_quality']:.0%} high quality") if points else ""
-    render_samples(samples, out / "grid.png", writer, "eval/grid" if tag == "metrics" else f"eval/grid_{generator}",
-                   step, num_classes=module.num_classes,
-                   real_points=real_points_for_plot(dataset) if points else None,
-                   means=mixture_means(run_cfg["data"]["name"]) if points else None, title=title)
+    real_points = real_points_for_plot(dataset) if points else None
+    means = mixture_means(run_cfg["data"]["name"]) if points else None
+    suffix = "" if tag == "metrics" else f"_{generator}"
+    render_samples(samples, out / "grid.png", writer, f"eval/grid{suffix}", step, num_classes=module.num_classes,
+                   real_points=real_points, means=means, title=title)
+    steps = POINT_STEPS if points else IMAGE_STEPS
+    render_interpolation(interpolate(module, module.num_classes or PATHS, steps, cfg.seed), steps,
+                         out / "interpolation.png", writer, f"eval/interpolation{suffix}", step,
+                         real_points=real_points, means=means,
+                         title=f"step {step}: paths between noise vectors (slerp)" if points else "")
     for name, value in scalars(values, tag).items():
         writer.add_scalar(name, value, step)
     writer.close()
@@ -126,5 +136,5 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
         log.info("per class: " + "; ".join(
             f"{label} " + ", ".join(f"{k} {v:.3g}" for k, v in entry.items() if isinstance(v, float))
             for label, entry in values["per_class"].items()))
-    log.info(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}")
+    log.info(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}, {out / 'interpolation.png'}")
     return result

@@ -7,6 +7,8 @@ The claims about the GAN step run the training step itself (``gan.step``: ``gene
 step breaks them (tests/test_patterns.py shows it). ``tests/test_patterns.py`` asserts every verdict;
 ``main`` prints every result as one row of a markdown table (``--only NAME`` for one row, ``--device
 cuda`` on a GPU). ``timing`` and ``non_blocking`` are about CUDA and are skipped on a CPU.
+``python -m gan.patterns graph [--out DIR]`` draws the autograd graphs of one training step instead
+(gan/graphs.py).
 
 How things are measured:
 
@@ -1174,14 +1176,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gan.patterns", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--only", metavar="NAME", help=f"run one demonstration: {', '.join(DEMOS)}")
+    commands = parser.add_subparsers(dest="command", metavar="graph")
+    graph = commands.add_parser("graph", help="draw the autograd graphs of one training step (gan/graphs.py)")
+    graph.add_argument("--out", type=Path, default=Path("outputs/graphs"),
+                       help="where the SVG and PNG pictures go (default: outputs/graphs)")
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)
         if args.only is not None and args.only not in DEMOS:
             raise ConfigError(f"unknown demonstration '{args.only}': choose one of {', '.join(DEMOS)}")
+        if args.only is not None and args.command == "graph":
+            raise ConfigError("--only picks a row of the table; `graph` draws pictures instead: use one of them")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.command == "graph":
+        from gan import graphs  # imported here: gan.graphs builds on this module's helpers
+
+        return graphs.main(args.out, device)
     names = [args.only] if args.only else list(DEMOS)
     results = [DEMOS[name](device) for name in names]
     print(markdown_table(results))

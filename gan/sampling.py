@@ -1,4 +1,5 @@
-"""Drawing the samples that are measured: seeded noise, balanced labels, images rounded as saved.
+"""Drawing the samples that are measured: seeded noise, balanced labels, images rounded as saved; and
+samples along paths between noise vectors (latent interpolation), for pictures.
 
 Typed against :class:`SampleSource`, not the training module: anything that generates (a GANModule,
 a loaded generator in a test) can be sampled and scored, and the metrics never depend on how a
@@ -54,3 +55,31 @@ def sample_and_score(source: SampleSource, metrics: MixtureMetrics | ImageMetric
     samples = generate_samples(source, settings.num_samples, seed, settings.batch_size)
     labels = balanced_labels(settings.num_samples, source.num_classes) if source.num_classes else None
     return samples, metrics.score(samples, seed, labels)
+
+
+def slerp(a: Tensor, b: Tensor, t: Tensor) -> Tensor:
+    """Spherical interpolation from the rows of ``a`` to those of ``b``: (N, D), (N, D), (T,) -> (N, T, D).
+
+    Along the great circle, not the straight line: Gaussian noise in D dimensions lies near the sphere
+    of radius sqrt(D), where G was trained, and a straight line between two draws (nearly orthogonal in
+    many dimensions) passes well inside it, at radius about sqrt(D / 2) halfway. Norms are interpolated
+    linearly; two independent draws are never parallel, so the angle is never 0.
+    """
+    norm_a, norm_b = a.norm(dim=1, keepdim=True), b.norm(dim=1, keepdim=True)
+    angle = torch.arccos(((a / norm_a) * (b / norm_b)).sum(dim=1, keepdim=True).clamp(-1, 1))[:, None]
+    t = t[None, :, None]
+    direction = (torch.sin((1 - t) * angle) * (a / norm_a)[:, None] + torch.sin(t * angle) * (b / norm_b)[:, None]
+                 ) / torch.sin(angle)
+    return direction * ((1 - t) * norm_a[:, None] + t * norm_b[:, None])
+
+
+def interpolate(source: SampleSource, rows: int, steps: int, seed: int) -> Tensor:
+    """Samples along ``rows`` paths of ``steps`` points each, row after row: row r goes from one noise
+    vector to another by :func:`slerp` (both ends included). A conditional generator draws row r as
+    class r mod K: with ``rows`` = K, one row per class. Noise from a CPU generator seeded with
+    ``seed``; samples through ``source.generate``, the one sampling path."""
+    generator = torch.Generator().manual_seed(seed)
+    ends = torch.randn(2, rows, source.z_dim, generator=generator)
+    z = slerp(ends[0], ends[1], torch.linspace(0, 1, steps)).flatten(0, 1)
+    labels = balanced_labels(rows, source.num_classes).repeat_interleave(steps)
+    return source.generate(z.to(source.device), labels.to(source.device))

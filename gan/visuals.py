@@ -1,8 +1,17 @@
-"""What a person looks at: samples as image grids or 2D scatter plots (PNG and TensorBoard), and the
-TensorBoard dashboard layout and hyperparameter table."""
+"""What a person looks at: samples as image grids or 2D scatter plots (PNG and TensorBoard), latent
+interpolations, the TensorBoard dashboard layout and hyperparameter table, and a TensorBoard server."""
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +102,13 @@ def image_grid(images: Tensor, nrow: int | None = None, min_width: int = 512) ->
     return grid.repeat_interleave(scale, -1).repeat_interleave(scale, -2)
 
 
-def scatter_figure(samples: Tensor, real: Tensor, means: Tensor | None = None,
+def scatter_figure(samples: Tensor | None, real: Tensor, means: Tensor | None = None,
                    title: str = "") -> matplotlib.figure.Figure:
-    """Generated points over the real data (and the mixture means, when known)."""
+    """Generated points (when given) over the real data (and the mixture means, when known)."""
     fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
     ax.scatter(*real.cpu().T.numpy(), s=2, c="0.75", label="real")
-    ax.scatter(*samples.cpu().T.numpy(), s=3, c="tab:red", alpha=0.6, label="generated")
+    if samples is not None:
+        ax.scatter(*samples.cpu().T.numpy(), s=3, c="tab:red", alpha=0.6, label="generated")
     if means is not None:
         ax.scatter(*means.cpu().T.numpy(), s=40, marker="x", c="black", label="modes")
     lim = float(real.abs().max()) * 1.25 + 0.5
@@ -133,7 +143,81 @@ def render_samples(samples: Tensor, path: Path, writer: Any, tag: str, step: int
         atomic_write(path, lambda f: save_image(grid, f, format="png"))
 
 
+def render_interpolation(samples: Tensor, steps: int, path: Path, writer: Any, tag: str, step: int, *,
+                         real_points: Tensor | None = None, means: Tensor | None = None, title: str = "") -> None:
+    """Samples along latent paths (:func:`gan.sampling.interpolate`: ``steps`` per path, path after
+    path) as one picture, saved as a PNG at ``path`` and, when ``writer`` is given, added to
+    TensorBoard as ``tag`` at ``step``.
+
+    Images: one row per path, one column per step. Points (``real_points`` given): each path drawn as a
+    line through its points over the real data, from a circle (start) to a square (end).
+    """
+    if real_points is None:
+        grid = image_grid(samples, nrow=steps)
+        if writer is not None:
+            writer.add_image(tag, grid, step)
+        atomic_write(path, lambda f: save_image(grid, f, format="png"))
+        return
+    fig = scatter_figure(None, real_points, means, title=title)
+    try:
+        ax = fig.axes[0]
+        for points in samples.cpu().unflatten(0, (-1, steps)).numpy():
+            line, = ax.plot(*points.T, "-", lw=1, marker=".", ms=3)
+            ax.plot(*points[0], "o", c=line.get_color(), ms=6)
+            ax.plot(*points[-1], "s", c=line.get_color(), ms=6)
+        if writer is not None:
+            writer.add_figure(tag, fig, step, close=False)
+        atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    finally:
+        plt.close(fig)
+
+
 def real_points_for_plot(dataset: Any, n: int = 2000) -> Tensor:
     """A fixed subset of a point dataset's real points: the backdrop of every scatter plot."""
     points = dataset.tensors[0]
     return points[torch.randperm(len(points), generator=torch.Generator().manual_seed(0))[:n]]
+
+
+def scalars_served(url: str) -> bool:
+    """Whether the TensorBoard at ``url`` has read a run's scalars (it reads event files after it starts)."""
+    with urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=10) as response:
+        return any(json.loads(response.read()).values())
+
+
+@contextmanager
+def tensorboard_server(logdir: Path, ready: Callable[[str], bool] = scalars_served,
+                       timeout_s: float = 60.0) -> Iterator[str]:
+    """The installed TensorBoard serving ``logdir`` on a free port of 127.0.0.1 (nothing outside this
+    machine can reach it). Yields its base URL once ``ready(url)`` holds, polled for at most
+    ``timeout_s``; on exit the server is terminated and waited for (killed if it will not stop)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    # Its log goes to a file, not a pipe: a pipe nobody reads fills up and stalls the server.
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+                               "--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if server.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"tensorboard exited with {server.returncode}: {log.read()[-2000:].decode()}")
+            try:
+                if ready(url):
+                    break
+            except OSError:  # not listening yet
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tensorboard on {url} was not ready within {timeout_s:g} s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+        log.close()

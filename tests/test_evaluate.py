@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from gan.metrics import EvalSettings
+from gan.sampling import slerp
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
@@ -85,10 +86,15 @@ def test_digits_run_evaluation_writes_files_tensorboard_and_repeats_exactly(digi
     samples = np.load(run / "eval" / "samples.npz")["samples"]
     assert samples.dtype == np.uint8 and samples.shape == (200, 1, 16, 16)
     assert (run / "eval" / "grid.png").stat().st_size > 500
+    # 8 interpolation paths of 10 steps: 16 px tiles with 2 px padding, upscaled 3x to reach 512 px wide.
+    with Image.open(run / "eval" / "interpolation.png") as image:
+        assert image.format == "PNG" and image.size == (3 * (10 * 18 + 2), 3 * (8 * 18 + 2))
+        image.load()  # decodes every pixel: a truncated file fails here
 
     events = read_events(run / "tensorboard")
     assert [(e.step, e.value) for e in events.Scalars("metrics/fid")] == [(6, pytest.approx(metrics["fid"]))]
     assert [e.step for e in events.Images("eval/grid")] == [6]
+    assert [e.step for e in events.Images("eval/interpolation")] == [6]
 
     first = (run / "eval" / "metrics.json").read_bytes()
     assert run_evaluate(*args) == 0
@@ -106,6 +112,9 @@ def test_ring_run_evaluation_by_the_mode_protocol(ring_run, tmp_path):
     samples = np.load(run / "eval" / "samples.npz")["samples"]
     assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # the protocol's count
     assert (run / "eval" / "grid.png").stat().st_size > 1000
+    with Image.open(run / "eval" / "interpolation.png") as image:  # paths drawn over the ring: a 5 x 5 in figure
+        assert image.format == "PNG" and image.size == (500, 500)
+        image.load()
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/modes")] == [3]
 
 
@@ -198,6 +207,8 @@ def test_conditional_digits_run_is_scored_per_class(conditional_digits_run, feat
     # One row of 8 samples per class: a grid 8 tiles wide and 10 tall (16 px tiles, 2 px padding).
     width, height = Image.open(run / "eval" / "grid.png").size
     assert height / width == pytest.approx((10 * 18 + 2) / (8 * 18 + 2))
+    # The interpolation: one path per class, 10 steps each: 10 x 10 tiles, upscaled 3x.
+    assert Image.open(run / "eval" / "interpolation.png").size == (3 * (10 * 18 + 2), 3 * (10 * 18 + 2))
     # A plain number on the metrics/* curves: logged during training (eval.every=6) and by evaluate.py.
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/class_accuracy")] == [6, 6]
 
@@ -215,3 +226,15 @@ def test_conditional_ring_run_reports_mode_accuracy_and_g_without_ema(conditiona
     assert [e["num_samples"] for e in per_class.values()] == [313] * 4 + [312] * 4
     assert all(set(e) == {"num_samples", "accuracy"} and 0.0 <= e["accuracy"] <= 1.0 for e in per_class.values())
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/class_accuracy")] == [6, 6]
+
+
+def test_slerp_runs_from_end_to_end_on_the_sphere_the_noise_lies_on():
+    a, b = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(0))
+    paths = slerp(a, b, torch.linspace(0, 1, 11))
+    assert paths.shape == (5, 11, 64)
+    assert torch.allclose(paths[:, 0], a, atol=1e-5) and torch.allclose(paths[:, -1], b, atol=1e-5)
+    # Halfway, the norm stays that of a typical draw (about 8 = sqrt(64)); a straight line's midpoint
+    # falls to about sqrt(64 / 2), where G saw no noise in training.
+    midway = paths[:, 5].norm(dim=1)
+    assert torch.allclose(midway, (a.norm(dim=1) + b.norm(dim=1)) / 2, rtol=1e-4)
+    assert ((a + b) / 2).norm(dim=1).max() < midway.min()
