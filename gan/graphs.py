@@ -23,7 +23,7 @@ import io
 import shutil
 import subprocess
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -35,7 +35,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from gan import step
-from gan.patterns import adam, gan_inputs, training_module
+from gan.patterns import adam, gan_inputs, reachable, saved_tensors, training_module
 
 OWNER_COLOURS = {"G": ("#dbe9f6", "#2b6cb0"), "D": ("#fde3c8", "#c05621"), "": ("#f2f2f2", "#707070")}
 PARAMETER_FILL = {"G": "#9cc3e6", "D": "#f6b27a"}
@@ -88,26 +88,6 @@ class Graph:
 def storage(t: Tensor) -> int:
     """Where ``t``'s data lives: equal for a tensor, its views and its ``detach()``."""
     return t.untyped_storage().data_ptr()
-
-
-def saved_tensors(node: Any) -> Iterator[Tensor]:
-    """The tensors an autograd node saved for its backward (its ``_saved_*`` attributes)."""
-    for attr in dir(node):
-        if attr.startswith("_saved_"):
-            value = getattr(node, attr)  # raises once a backward freed them: walk before backward
-            yield from (t for t in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(t, Tensor))
-
-
-def reachable(starts: Sequence[Any]) -> set[Any]:
-    """Every autograd node reachable from ``starts`` along ``next_functions``, the starts included."""
-    seen: set[Any] = set()
-    todo = [s for s in starts if s is not None]
-    while todo:
-        node = todo.pop()
-        if node not in seen:
-            seen.add(node)
-            todo.extend(n for n, _ in node.next_functions if n is not None)
-    return seen
 
 
 class ForwardRecorder:

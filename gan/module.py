@@ -119,13 +119,15 @@ class GANModule(L.LightningModule):
         regularizer. ``fake`` arrives detached (or made under no_grad). Returns (loss, logits on real,
         logits on fake)."""
         d_step = self.counters.d
-        if self.reg.needs_input_grad(d_step):
+        input_grad = self.reg.needs_input_grad(d_step)
+        if input_grad:
             real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
         real_logits, fake_logits = self.critic(real, y), self.critic(fake, y)
         self.d_real_mean.update(real_logits)
         self.d_fake_mean.update(fake_logits)
         loss = self.loss.d(real_logits, fake_logits)
-        scale = self.loss_scale()
+        # Only a penalty with an inner backward (gradient penalty, R1) needs the loss scale.
+        scale = self.loss_scale() if self.gp_weight or input_grad else None
         if self.gp_weight:
             loss = loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake, scale)
         penalty = self.reg.penalty(d_step, real, real_logits, fake_logits, scale)

@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -196,35 +196,46 @@ def cuda_peak_bytes(device: torch.device, step: Callable[[], object]) -> int | N
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def saved_bytes(output: Tensor, exclude: Iterable[Tensor] = (), stop_at: Tensor | None = None) -> int:
-    """Bytes of the tensors ``output``'s graph still holds for backward, found by walking the graph.
+def saved_tensors(node: Any) -> Iterator[Tensor]:
+    """The tensors an autograd node still holds for its backward.
 
-    Each autograd node exposes what it saved as ``_saved_<name>`` attributes (PyTorch's autograd notes,
-    "Saved tensors"); reading one that a backward without ``retain_graph`` has freed raises, so a freed
-    graph counts 0. Each storage counts once. Storages of ``exclude`` (weights, buffers, inputs: they
-    exist with or without a graph) do not count, nor does the graph below ``stop_at``.
+    Each node exposes what it saved as ``_saved_<name>`` attributes (PyTorch's autograd notes, "Saved
+    tensors"); reading one that a backward without ``retain_graph`` has freed raises, so freed ones
+    are skipped.
+    """
+    for attr in dir(node):
+        if not attr.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, attr)
+        except RuntimeError:  # freed by the backward
+            continue
+        yield from (t for t in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(t, Tensor))
+
+
+def reachable(starts: Iterable[Any], stop: Any = None) -> set[Any]:
+    """Every autograd node reachable from ``starts`` along ``next_functions``, the starts included,
+    not walking into ``stop``."""
+    seen: set[Any] = set()
+    todo = [s for s in starts if s is not None]
+    while todo:
+        node = todo.pop()
+        if node is not stop and node not in seen:
+            seen.add(node)
+            todo.extend(n for n, _ in node.next_functions if n is not None)
+    return seen
+
+
+def saved_bytes(output: Tensor, exclude: Iterable[Tensor] = (), stop_at: Tensor | None = None) -> int:
+    """Bytes of the tensors ``output``'s graph still holds for backward, found by walking the graph
+    (a freed graph counts 0). Each storage counts once. Storages of ``exclude`` (weights, buffers,
+    inputs: they exist with or without a graph) do not count, nor does the graph below ``stop_at``.
     """
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     stop = stop_at.grad_fn if stop_at is not None else None
-    storages: dict[int, int] = {}
-    seen, todo = set(), [output.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or node is stop or node in seen:
-            continue
-        seen.add(node)
-        for attr in dir(node):
-            if not attr.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, attr)
-            except RuntimeError:  # freed by the backward
-                continue
-            for t in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(t, Tensor) and t.untyped_storage().data_ptr() not in skip:
-                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        todo.extend(next_node for next_node, _ in node.next_functions)
-    return sum(storages.values())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for node in reachable([output.grad_fn], stop) for t in saved_tensors(node)}
+    return sum(n for ptr, n in storages.items() if ptr not in skip)
 
 
 def packed_bytes(step: Callable[[], object], exclude: Iterable[Tensor] = ()) -> int:
