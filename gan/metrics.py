@@ -46,6 +46,9 @@ KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all 
 # is small but not zero, so compare per-class FIDs between similar counts (balanced labels give the
 # generated side equal counts; real classes are as the data has them).
 MIN_CLASS_SAMPLES = 50
+# A generated image counts as recognised (``confident``) when the feature classifier gives its most
+# likely class at least this probability.
+CONFIDENCE = 0.9
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,17 @@ def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, flo
     high_quality = distance <= 3 * std
     num_modes = len(means)
     captured = torch.bincount(nearest[high_quality], minlength=num_modes) > 0
-    shares = torch.bincount(nearest, minlength=num_modes).double() / len(samples)
-    present = shares[shares > 0]
     return {"modes": int(captured.sum()), "modes_total": num_modes,
             "high_quality": high_quality.double().mean().item(),
-            "reverse_kl": (present * (num_modes * present).log()).sum().item()}
+            "reverse_kl": kl_from_uniform(nearest, num_modes)}
+
+
+def kl_from_uniform(assigned: Tensor, num_groups: int) -> float:
+    """sum_k p_k log(K p_k), p_k the share of ``assigned`` (group indices) equal to k, K ``num_groups``:
+    the KL divergence of the shares from uniform. Empty groups add 0; all in one group gives log K."""
+    shares = torch.bincount(assigned, minlength=num_groups).double() / len(assigned)
+    present = shares[shares > 0]
+    return (present * (num_groups * present).log()).sum().item()
 
 
 def nearest_mean(samples: Tensor, means: Tensor) -> tuple[Tensor, Tensor]:
@@ -242,6 +251,9 @@ class ImageMetrics(nn.Module):
         precision, recall = knn_precision_recall(real_features, fake_features, self.k)
         values = {"fid": self.fid.compute().item(), "kid": kid.item(), "precision": precision,
                   "recall": recall, "features": self.extractor.name}
+        if self.extractor.head is not None:
+            with torch.no_grad():
+                values.update(class_balance(self.extractor.head(fake_features)))
         if labels is not None:
             values.update(self.class_scores(real_features, fake_features, labels.to(fake_features.device)))
         return values
@@ -269,6 +281,19 @@ class ImageMetrics(nn.Module):
             if min(len(real_of_class), len(fake_of_class)) >= MIN_CLASS_SAMPLES:
                 entry["fid"] = frechet_distance(real_of_class, fake_of_class)
         return values
+
+
+def class_balance(logits: Tensor, confidence: float = CONFIDENCE) -> dict[str, float]:
+    """How the feature classifier sees a set of images, from its ``logits`` (N, K).
+
+    ``class_kl``: the KL divergence of the predicted classes' shares from the uniform distribution,
+    sum_k p_k log(K p_k) (0: every class equally often; log K: one class only) -- the image analogue
+    of the 2D mixtures' ``reverse_kl``. ``confident``: the share of images whose most likely class has
+    probability >= ``confidence``: images the classifier recognises, rather than strokes between classes.
+    """
+    probabilities = logits.double().softmax(dim=1)
+    return {"class_kl": kl_from_uniform(probabilities.argmax(dim=1), probabilities.shape[1]),
+            "confident": (probabilities.max(dim=1).values >= confidence).double().mean().item()}
 
 
 def resize_real_labels(module: ImageMetrics, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:

@@ -14,11 +14,13 @@ import lightning as L
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.optim.lr_scheduler import LinearLR
 
 from gan import audit, step
 from gan.augment import build_augment
 from gan.contexts import evaluating
 from gan.data import is_point_data
+from gan.errors import ConfigError
 from gan.losses import get_loss, gradient_penalty
 from gan.models import balanced_labels, build_models, condition_input
 from gan.regularizers import R1, build_regularizer
@@ -157,9 +159,12 @@ class GANModule(L.LightningModule):
 
     @torch.no_grad()
     def update_statistics(self, batch_size: int, real_logits: Tensor) -> None:
-        """Counters, the EMA generator and the augmentation probability, after a generator step."""
+        """Counters, learning rates, the EMA generator and the augmentation probability, after a
+        generator step."""
         self.counters.count_g_step(batch_size * self.trainer.world_size)
         g_steps = self.counters.g
+        for schedule in self.lr_schedulers() or []:  # optim.decay=linear: one schedule per optimizer
+            schedule.step()
         if self.ema is not None:
             self.ema.update(self.G, g_steps)
         if self.augment is not None:
@@ -209,11 +214,21 @@ class GANModule(L.LightningModule):
 
     # --- optimizers and checkpoints --------------------------------------------------------------
 
-    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+    def configure_optimizers(self) -> Any:
+        """Adam for G and for D; with ``optim.decay=linear`` each learning rate falls linearly to 0 at
+        the last generator step (torch's LinearLR, stepped once per generator step by
+        :meth:`update_statistics`; Lightning saves and restores its state with the optimizers')."""
         from hydra.utils import instantiate
 
         optim = self.cfg["optim"]
-        return [instantiate(optim["g"])(self.G.parameters()), instantiate(optim["d"])(self.D.parameters())]
+        optimizers = [instantiate(optim["g"])(self.G.parameters()), instantiate(optim["d"])(self.D.parameters())]
+        decay = optim.get("decay", "constant")  # absent from the configs of older runs
+        if decay == "constant":
+            return optimizers
+        if decay != "linear":
+            raise ConfigError(f"optim.decay={decay}: use constant or linear")
+        steps = self.cfg["trainer"]["max_steps"]
+        return optimizers, [LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=steps) for o in optimizers]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Every random stream, so a resumed run draws the same noise as an uninterrupted one.

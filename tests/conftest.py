@@ -84,5 +84,5 @@ def digits_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def ring_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "ring"
-    assert run_train(run_dir, "data=ring", "model=mlp", "loss=hinge", "log.every=2") == 0
+    assert run_train(run_dir, "experiment=ring", "loss=hinge", "log.every=2") == 0
     return run_dir

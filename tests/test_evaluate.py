@@ -42,7 +42,7 @@ def conditional_digits_run(tmp_path_factory, feature_cache) -> Path:
 def conditional_ring_run(tmp_path_factory) -> Path:
     """A 6-step class-conditional ring run (labels: mode indices) without an EMA generator."""
     run_dir = tmp_path_factory.mktemp("runs") / "conditional_ring"
-    assert run_train(run_dir, "data=ring", "model=mlp", "model.conditional=true", "ema.enabled=false") == 0
+    assert run_train(run_dir, "experiment=ring", "model.conditional=true", "ema.enabled=false") == 0
     return run_dir
 
 

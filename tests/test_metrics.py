@@ -21,6 +21,7 @@ from gan.metrics import (
     ImageMetrics,
     MixtureMetrics,
     build_metrics,
+    class_balance,
     frechet_distance,
     knn_precision_recall,
     mixture_metrics,
@@ -298,6 +299,32 @@ def test_generated_images_that_are_the_real_class_images_score_perfectly():
     assert shifted["class_accuracy"] == 0.0
     assert all(e["accuracy"] == 0.0 for e in shifted["per_class"].values())
     assert shifted["per_class"]["1"]["fid"] > 1.0  # class 0's images against real 1s: means sqrt(2) apart
+
+
+def test_class_balance_of_known_logits():
+    # 4 classes, 100 images: 50 clear 0s, 25 clear 1s, 25 torn between 2 and 3 (both 0.5).
+    clear = torch.tensor([10.0, 0.0, 0.0, 0.0])
+    logits = torch.cat([clear.expand(50, 4), clear.roll(1).expand(25, 4), torch.tensor([[0.0, 0, 5, 5]]).expand(25, 4)])
+    values = class_balance(logits)
+    # The torn ones go to class 2 (argmax takes the first): shares 0.5, 0.25, 0.25, 0.
+    assert values["class_kl"] == pytest.approx(0.5 * math.log(2) + 2 * 0.25 * math.log(1))
+    assert values["confident"] == 0.75  # softmax of (10, 0, 0, 0) gives 0.9999; (0, 0, 5, 5) gives 0.5
+    assert class_balance(torch.eye(4).repeat(5, 1) * 10)["class_kl"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_unconditional_samples_get_class_balance_from_the_class_head():
+    real_labels = balanced_labels(200, 4)
+    metrics = ImageMetrics(FeatureExtractor("flat", nn.Flatten(), 4, head=nn.Identity()))
+    metrics.add_real(one_hot_images(real_labels, seed=0), real_labels)
+    one_class = metrics.score(one_hot_images(torch.zeros(200, dtype=torch.long), seed=1))
+    assert one_class["class_kl"] == pytest.approx(math.log(4))
+    balanced = metrics.score(one_hot_images(real_labels, seed=1))
+    assert balanced["class_kl"] == pytest.approx(0.0, abs=1e-12)
+    # Features 1 +- 0.1 on the class head's logits: softmax gives the class below 0.9 (e / (e + 3) = 0.48).
+    assert balanced["confident"] == 0.0
+    no_head = ImageMetrics(FeatureExtractor("flat", nn.Flatten(), 4))
+    no_head.add_real(one_hot_images(real_labels, seed=0), real_labels)
+    assert "class_kl" not in no_head.score(one_hot_images(real_labels, seed=1))
 
 
 def test_a_feature_space_without_class_head_reports_per_class_fid_only():

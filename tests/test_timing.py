@@ -110,7 +110,7 @@ def fit_on_gpu(tmp_path, steps: int, callbacks: list, *overrides: str):
 
 
 @needs_cuda
-@pytest.mark.parametrize("overrides", [(), ("augment=ada",), ("data=ring", "model=mlp")])
+@pytest.mark.parametrize("overrides", [(), ("augment=ada",), ("experiment=ring",)])
 def test_no_host_device_sync_inside_a_training_step(tmp_path, overrides):
     """A training step on CUDA never makes the host wait for the device (torch raises on any sync
     while the debug mode is "error"), augmentation and R1 included."""
@@ -140,7 +140,7 @@ def test_tensor_datasets_are_indexed_on_the_gpu(tmp_path):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             devices.append(batch[0].device.type)
 
-    fit_on_gpu(tmp_path, 2, [Probe()], "data=ring", "model=mlp")
+    fit_on_gpu(tmp_path, 2, [Probe()], "experiment=ring")
     assert devices == ["cuda", "cuda"]
 
 
