@@ -14,7 +14,7 @@ import lightning as L
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LinearLR
+from torch.optim.lr_scheduler import LambdaLR
 
 from gan import audit, step
 from gan.augment import build_augment
@@ -216,8 +216,13 @@ class GANModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         """Adam for G and for D; with ``optim.decay=linear`` each learning rate falls linearly to 0 at
-        the last generator step (torch's LinearLR, stepped once per generator step by
-        :meth:`update_statistics`; Lightning saves and restores its state with the optimizers')."""
+        the last generator step, stepped once per generator step by :meth:`update_statistics`.
+
+        torch's LambdaLR with the factor written as a function of the step alone, ``1 - step /
+        max_steps``: Lightning saves and restores the step with the optimizers, so a resumed run
+        continues on the line of its own ``trainer.max_steps`` (LinearLR would instead multiply its
+        way there step by step, and stay at 0 once a shorter run had ended).
+        """
         from hydra.utils import instantiate
 
         optim = self.cfg["optim"]
@@ -228,7 +233,7 @@ class GANModule(L.LightningModule):
         if decay != "linear":
             raise ConfigError(f"optim.decay={decay}: use constant or linear")
         steps = self.cfg["trainer"]["max_steps"]
-        return optimizers, [LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=steps) for o in optimizers]
+        return optimizers, [LambdaLR(o, lambda step: max(0.0, 1.0 - step / steps)) for o in optimizers]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Every random stream, so a resumed run draws the same noise as an uninterrupted one.

@@ -49,6 +49,22 @@ def test_n_plus_resume_plus_n_equals_2n(tmp_path):
         assert_identical(straight[key], resumed[key], key)
 
 
+def test_linear_decay_reaches_zero_and_resumes_exactly(tmp_path):
+    # Resumed from the straight run's own step-3 checkpoint, so both runs share trainer.max_steps=6.
+    decay = [*FULL, "optim.decay=linear", "optim.g.lr=1e-3", "optim.d.lr=2e-3", "trainer.max_steps=6"]
+    assert run_train(tmp_path / "straight", *decay) == 0
+    middle = torch.load(tmp_path / "straight" / "checkpoints" / "step_000003.ckpt", weights_only=True)
+    assert [g["lr"] for s in middle["optimizer_states"] for g in s["param_groups"]] == pytest.approx(
+        [1e-3 * (1 - 3 / 6), 2e-3 * (1 - 3 / 6)])
+    assert run_train(tmp_path / "resumed", *decay,
+                     f"ckpt_path={tmp_path / 'straight' / 'checkpoints' / 'step_000003.ckpt'}") == 0
+    straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
+    resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert [g["lr"] for s in straight["optimizer_states"] for g in s["param_groups"]] == [0.0, 0.0]
+    for key in ("state_dict", "optimizer_states", "lr_schedulers", "rng"):
+        assert_identical(straight[key], resumed[key], key)
+
+
 def test_atomic_write_leaves_the_old_file_when_saving_fails(tmp_path):
     path = tmp_path / "last.ckpt"
     io = AtomicCheckpointIO()

@@ -1,0 +1,145 @@
+"""Sample quality on the 2D mixtures over many seeds, beside the published table (PacGAN, Table 1).
+
+Usage: python benchmarks/toy.py [--presets ring grid] [--seeds 10] [--out outputs/toy] [--reuse]
+                                [--write docs/results.md] [-- extra train.py overrides]
+
+For each preset and seed: ``python train.py experiment=<preset> seed=<s>`` in its own process, timed
+by the wall clock (Python start-up and data generation included: what a user waits for), then
+``python evaluate.py run_dir=<run>`` with its defaults (2,500 samples of the EMA generator, the
+protocol of docs/protocols.md). Runs go one after another, never side by side, so each run's time is
+its own. The table gives the mean and standard error over seeds of modes captured, the high-quality
+share and the reverse KL, next to the published rows and this project's targets; ``--write`` puts it
+between the ``toy`` markers of a markdown file and copies seed 0's scatter plots next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from step import machine  # benchmarks/step.py: the same machine line in every report
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- toy:begin -->", "<!-- toy:end -->"
+# PacGAN (Lin et al., NeurIPS 2018), Table 1: means over 10 trials after 400 epochs over 100,000
+# points: (modes, high-quality share, reverse KL). The rows its authors report for the plain GAN and
+# for PacGAN4, their best-covering variant.
+PUBLISHED = {
+    "ring": {"GAN": (6.3, 0.982, 0.45), "PacGAN4": (7.8, 0.959, 0.07)},
+    "grid": {"GAN": (17.3, 0.948, 0.70), "PacGAN4": (24.8, 0.936, 0.04)},
+}
+# This project's targets for the mean over seeds: (modes, high quality at least, reverse KL at most),
+# and the most seconds one run may take on the development machine (2 CPU cores).
+TARGETS = {"ring": (8.0, 0.98, 0.02), "grid": (25.0, 0.95, 0.02)}
+SECONDS_PER_RUN = 180
+
+
+def run_once(preset: str, seed: int, run_dir: Path, extra: list[str], reuse: bool) -> dict:
+    """Train and score one seed; returns evaluate.py's metrics plus ``seconds`` (training wall time)."""
+    record = run_dir / "benchmark.json"
+    if reuse and record.exists():
+        return json.loads(record.read_text())
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # this script's own output folder: a rerun replaces it
+    start = time.perf_counter()
+    run([sys.executable, "train.py", f"experiment={preset}", f"seed={seed}", f"hydra.run.dir={run_dir}",
+         "trainer.enable_progress_bar=false", *extra])
+    seconds = time.perf_counter() - start
+    run([sys.executable, "evaluate.py", f"run_dir={run_dir}"])
+    result = {**json.loads((run_dir / "eval" / "metrics.json").read_text()), "seconds": seconds}
+    record.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def run(command: list[str]) -> None:
+    """Run a command in the project root quietly; on failure, show its output and stop."""
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed (exit {out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
+
+
+def mean_and_error(values: list[float]) -> tuple[float, float]:
+    """The mean and its standard error (sample standard deviation / sqrt(n); 0 for one value)."""
+    error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return statistics.mean(values), error
+
+
+def table(preset: str, runs: list[dict]) -> list[str]:
+    """Markdown rows: this project's mean +- standard error, the targets, the published rows."""
+    modes, hq, kl = (mean_and_error([r[key] for r in runs]) for key in ("modes", "high_quality", "reverse_kl"))
+    seconds = [r["seconds"] for r in runs]
+    want_modes, want_hq, want_kl = TARGETS[preset]
+    met = modes[0] >= want_modes and hq[0] >= want_hq and kl[0] <= want_kl and max(seconds) <= SECONDS_PER_RUN
+    rows = [f"| {preset} | modes (of {runs[0]['modes_total']}) | high quality | reverse KL | seconds per run |",
+            "|---|---|---|---|---|",
+            f"| `experiment={preset}`, {len(runs)} seeds | **{modes[0]:.2f}** ± {modes[1]:.2f} | "
+            f"**{hq[0]:.3f}** ± {hq[1]:.3f} | **{kl[0]:.4f}** ± {kl[1]:.4f} | "
+            f"{statistics.mean(seconds):.0f} (max {max(seconds):.0f}) |",
+            f"| target | {want_modes} | >= {want_hq} | <= {want_kl} | <= {SECONDS_PER_RUN}: "
+            f"{'**met**' if met else '**missed**'} |"]
+    for name, (m, q, k) in PUBLISHED[preset].items():
+        rows.append(f"| {name} (PacGAN, Table 1) | {m} | {q:.3f} | {k} | |")
+    per_seed = ", ".join(f"{r['seed_run']}: {r['modes']}/{r['high_quality']:.3f}/{r['reverse_kl']:.4f}" for r in runs)
+    return [*rows, "", f"Per seed (modes/high quality/reverse KL): {per_seed}."]
+
+
+def write_block(path: Path, block: list[str]) -> None:
+    """Replace what lies between the toy markers of ``path`` (appending the markers if absent)."""
+    text = path.read_text() if path.exists() else ""
+    body = "\n".join([BEGIN, *block, END])
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + body + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    path.write_text(text)
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 per preset")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "toy", help="where the runs go")
+    parser.add_argument("--reuse", action="store_true", help="keep runs already scored in --out")
+    parser.add_argument("--write", type=Path, help="put the table in this markdown file, between the toy markers")
+    parser.add_argument("extra", nargs="*", help="train.py overrides for every run (after --)")
+    args = parser.parse_args()
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+
+    header = (f"`python benchmarks/toy.py {' '.join(sys.argv[1:])}` at commit {commit()}. Machine: "
+              f"{machine(torch.device('cpu'))}; one run at a time.")
+    print(header, flush=True)
+    block = [header]
+    for preset in args.presets:
+        runs = []
+        for seed in range(args.seeds):
+            result = run_once(preset, seed, args.out / preset / f"seed{seed}", args.extra, args.reuse)
+            runs.append({**result, "seed_run": seed})
+            print(f"{preset} seed {seed}: {result['modes']}/{result['modes_total']} modes, high quality "
+                  f"{result['high_quality']:.3f}, reverse KL {result['reverse_kl']:.4f}, {result['seconds']:.0f} s",
+                  flush=True)
+        rows = table(preset, runs)
+        print("\n".join(rows), flush=True)
+        block += ["", *rows]
+        if args.write:
+            shutil.copy(args.out / preset / "seed0" / "eval" / "grid.png", args.write.parent / f"{preset}_samples.png")
+    if args.write:
+        write_block(args.write, block)
+        print(f"wrote {args.write}")
+
+
+if __name__ == "__main__":
+    main()
