@@ -1,15 +1,16 @@
 """Sample quality on the 2D mixtures over many seeds, beside the published table (PacGAN, Table 1).
 
-Usage: python benchmarks/toy.py [--presets ring grid] [--seeds 10] [--out outputs/toy] [--reuse]
+Usage: python benchmarks/toy.py [--presets ring grid] [--seeds 10] [--jobs 1] [--out outputs/toy] [--reuse]
                                 [--write docs/results.md] [-- extra train.py overrides]
 
-For each preset and seed: ``python train.py experiment=<preset> seed=<s>`` in its own process, timed
-by the wall clock (Python start-up and data generation included: what a user waits for), then
-``python evaluate.py run_dir=<run>`` with its defaults (2,500 samples of the EMA generator, the
-protocol of docs/protocols.md). Runs go one after another, never side by side, so each run's time is
-its own. The table gives the mean and standard error over seeds of modes captured, the high-quality
-share and the reverse KL, next to the published rows and this project's targets; ``--write`` puts it
-between the ``toy`` markers of a markdown file and copies seed 0's scatter plots next to it.
+For each preset and seed: ``python train.py experiment=<preset> seed=<s>`` in its own process, timed by
+the wall clock (Python start-up and data generation included: what a user waits for), then ``python
+evaluate.py run_dir=<run>`` with its defaults (2,500 samples of the EMA generator, the protocol of
+docs/protocols.md). ``--jobs N`` runs N seeds side by side, each limited to its share of the CPU cores
+(OMP_NUM_THREADS), so a run's time is still that of a run on its own share. The table gives the mean and
+standard error over seeds of modes captured, the high-quality share and the reverse KL, next to the
+published rows and this project's targets; ``--write`` puts it between the ``toy`` markers of a markdown
+file and copies seed 0's scatter plots next to it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -42,7 +45,7 @@ TARGETS = {"ring": (8.0, 0.98, 0.02), "grid": (25.0, 0.95, 0.02)}
 SECONDS_PER_RUN = 180
 
 
-def run_once(preset: str, seed: int, run_dir: Path, extra: list[str], reuse: bool) -> dict:
+def run_once(preset: str, seed: int, run_dir: Path, extra: list[str], reuse: bool, threads: int) -> dict:
     """Train and score one seed; returns evaluate.py's metrics plus ``seconds`` (training wall time)."""
     record = run_dir / "benchmark.json"
     if reuse and record.exists():
@@ -50,18 +53,19 @@ def run_once(preset: str, seed: int, run_dir: Path, extra: list[str], reuse: boo
     if run_dir.exists():
         shutil.rmtree(run_dir)  # this script's own output folder: a rerun replaces it
     start = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     run([sys.executable, "train.py", f"experiment={preset}", f"seed={seed}", f"hydra.run.dir={run_dir}",
-         "trainer.enable_progress_bar=false", *extra])
+         "trainer.enable_progress_bar=false", *extra], env)
     seconds = time.perf_counter() - start
-    run([sys.executable, "evaluate.py", f"run_dir={run_dir}"])
+    run([sys.executable, "evaluate.py", f"run_dir={run_dir}"], env)
     result = {**json.loads((run_dir / "eval" / "metrics.json").read_text()), "seconds": seconds}
     record.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-def run(command: list[str]) -> None:
+def run(command: list[str], env: dict[str, str]) -> None:
     """Run a command in the project root quietly; on failure, show its output and stop."""
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"{' '.join(command)} failed (exit {out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
 
@@ -111,26 +115,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 per preset")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained side by side")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "toy", help="where the runs go")
     parser.add_argument("--reuse", action="store_true", help="keep runs already scored in --out")
     parser.add_argument("--write", type=Path, help="put the table in this markdown file, between the toy markers")
     parser.add_argument("extra", nargs="*", help="train.py overrides for every run (after --)")
     args = parser.parse_args()
-    if args.seeds < 1:
-        parser.error("--seeds must be >= 1")
+    if args.seeds < 1 or args.jobs < 1:
+        parser.error("--seeds and --jobs must be >= 1")
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
 
     header = (f"`python benchmarks/toy.py {' '.join(sys.argv[1:])}` at commit {commit()}. Machine: "
-              f"{machine(torch.device('cpu'))}; one run at a time.")
+              f"{machine(torch.device('cpu'))}; {args.jobs} run(s) at a time, {threads} thread(s) each.")
     print(header, flush=True)
     block = [header]
     for preset in args.presets:
-        runs = []
-        for seed in range(args.seeds):
-            result = run_once(preset, seed, args.out / preset / f"seed{seed}", args.extra, args.reuse)
-            runs.append({**result, "seed_run": seed})
-            print(f"{preset} seed {seed}: {result['modes']}/{result['modes_total']} modes, high quality "
-                  f"{result['high_quality']:.3f}, reverse KL {result['reverse_kl']:.4f}, {result['seconds']:.0f} s",
-                  flush=True)
+        with ThreadPoolExecutor(args.jobs) as pool:  # threads only wait on the runs' processes
+            results = pool.map(lambda seed, p=preset: run_once(p, seed, args.out / p / f"seed{seed}", args.extra,
+                                                               args.reuse, threads), range(args.seeds))
+            runs = []
+            for seed, result in enumerate(results):
+                runs.append({**result, "seed_run": seed})
+                print(f"{preset} seed {seed}: {result['modes']}/{result['modes_total']} modes, high quality "
+                      f"{result['high_quality']:.3f}, reverse KL {result['reverse_kl']:.4f}, "
+                      f"{result['seconds']:.0f} s", flush=True)
         rows = table(preset, runs)
         print("\n".join(rows), flush=True)
         block += ["", *rows]
