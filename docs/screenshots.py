@@ -7,7 +7,8 @@ is a single-page app that draws after the page has loaded: Chromium is given 15 
 fetch the data and render the charts before it takes the picture. Screenshots are stored with a
 256-colour palette (flat UI colours survive it) to stay small.
 
-    python train.py data=ring trainer.max_steps=1500 hydra.run.dir=outputs/ring_1500
+    python train.py '~experiment' data=ring reg=r1 data.batch_size=512 trainer.max_steps=1500 \
+        hydra.run.dir=outputs/ring_1500
     python docs/screenshots.py outputs/ring_1500
 """
 
