@@ -24,7 +24,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from gan.contexts import frozen
+from gan.contexts import frozen, no_sync
 from gan.timing import untimed
 
 DLoss = Callable[[Tensor, Tensor, "Tensor | None"], tuple[Tensor, Tensor, Tensor]]
@@ -74,7 +74,9 @@ def g_update(D: nn.Module, opt_g: Optimizer, g_loss: GLoss, fake: Tensor, labels
     before opt_d.step() used D's old weights, which the step changed in place, so backpropagating
     through them would raise "modified by an inplace operation".
     """
-    with frozen(D):
+    # Under DDP (trainer=ddp, G and D wrapped separately) only G's gradients are all-reduced here: D is
+    # frozen, so it has none, and no_sync(D) keeps D's wrapper from preparing a reduction for them.
+    with frozen(D), no_sync(D):
         with phase("g_forward"):
             loss = g_loss(fake, labels)
         with phase("g_backward"):
