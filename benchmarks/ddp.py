@@ -1,0 +1,81 @@
+"""trainer=ddp's step time against the fallback it replaced, on 2 CPU processes (gloo).
+
+Usage: python benchmarks/ddp.py [--rounds 3] [--steps 60] [hydra overrides...]
+
+``ddp_separate`` (trainer=ddp: G and D in a DistributedDataParallel each, gan/strategy.py) against
+``ddp_find_unused_parameters_true`` (trainer=ddp_find_unused: the whole module in one, which searches the
+autograd graph for unused parameters at every backward, all-reduces G's and D's gradients in both
+backwards, and broadcasts every buffer of the module, the EMA generator's weights included, at every
+step). Each run is ``gan.training.train`` in a fresh pair of processes -- Lightning's launcher starts rank
+1 by running this script again -- with the default digits run unless overrides say otherwise. Variants
+alternate round by round (the order reversed every other round); each figure is the median of rank 0's
+step-to-step times after the warm-up steps, then the median over rounds; the comparison is their ratio.
+On 2 shared cores this measures the overheads of the two strategies, not a GPU cluster's scaling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from step import WARMUP, StepClock, compose_train, median_after_warmup
+
+from gan.training import train
+
+STRATEGIES = {"ddp_separate": "trainer=ddp", "ddp_find_unused_parameters_true": "trainer=ddp_find_unused"}
+
+
+def run_once(trainer: str, steps: int, overrides: list[str], out: Path) -> None:
+    """One 2-process training run (this process is one of its ranks); rank 0 writes its median step ms."""
+    cfg = compose_train(trainer, "trainer.accelerator=cpu", "trainer.devices=2", f"trainer.max_steps={steps}",
+                        *overrides, run_dir=out.parent / "run")
+    clock = StepClock()
+    module = train(cfg, [clock])
+    if module.global_rank == 0:
+        times = [(b - a) * 1e3 for a, b in zip(clock.ends, clock.ends[1:])]
+        out.write_text(json.dumps(median_after_warmup(times)))
+
+
+def measure(trainer: str, steps: int, overrides: list[str]) -> float:
+    """Median step ms of a fresh 2-process run with ``trainer``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "median_ms.json"
+        subprocess.run([sys.executable, __file__, "--run", trainer, "--steps", str(steps), "--out", str(out),
+                        *overrides], check=True, capture_output=True, text=True)
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # a worker: one run with this trainer config
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args, overrides = parser.parse_known_args()
+    if args.run:
+        run_once(args.run, args.steps, overrides, args.out)
+        return
+
+    results: dict[str, list[float]] = {name: [] for name in STRATEGIES}
+    for round_ in range(args.rounds):
+        for name in list(STRATEGIES)[:: -1 if round_ % 2 else 1]:
+            results[name].append(measure(STRATEGIES[name], args.steps, overrides))
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    print(f"2 CPU processes (gloo), torch {torch.__version__}; {args.steps} generator steps per run "
+          f"(first {WARMUP} dropped), {args.rounds} rounds; overrides: {' '.join(overrides) or 'none'}")
+    for name, values in results.items():
+        print(f"  {name:<32} median step {medians[name]:7.2f} ms   (rounds: "
+              f"{', '.join(f'{v:.2f}' for v in values)})")
+    separate, find_unused = medians["ddp_separate"], medians["ddp_find_unused_parameters_true"]
+    print(f"ddp_find_unused_parameters_true / ddp_separate = {find_unused / separate:.3f} "
+          f"(above 1: trainer=ddp is faster)")
+
+
+if __name__ == "__main__":
+    main()
