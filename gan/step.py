@@ -10,8 +10,10 @@ One generator step::
 
 What the networks minimise is passed in: ``d_loss(real, fake, labels) -> (loss, real_logits,
 fake_logits)`` and ``g_loss(fake, labels) -> loss`` (the adversarial loss, penalties, augmentation
-and conditioning live there). ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
-``manual_backward``, which adds mixed-precision loss scaling and DDP's hooks. ``phase(name)`` marks
+and conditioning live there). ``G`` is the module the step runs and ``D`` the one ``g_loss`` runs: under
+``trainer=ddp`` their DistributedDataParallel wrappers, each of whose backwards all-reduces the
+network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
+``manual_backward``, which adds mixed-precision loss scaling. ``phase(name)`` marks
 where the time goes (:class:`gan.timing.PhaseTimer`; untimed by default).
 """
 
