@@ -1,16 +1,18 @@
 """trainer=ddp's step time against the fallback it replaced, on 2 CPU processes (gloo).
 
-Usage: python benchmarks/ddp.py [--rounds 3] [--steps 60] [hydra overrides...]
+Usage: python benchmarks/ddp.py [--rounds 7] [--steps 40] [hydra overrides...]
 
-``ddp_separate`` (trainer=ddp: G and D in a DistributedDataParallel each, gan/strategy.py) against
-``ddp_find_unused_parameters_true`` (trainer=ddp_find_unused: the whole module in one, which searches the
-autograd graph for unused parameters at every backward, all-reduces G's and D's gradients in both
-backwards, and broadcasts every buffer of the module, the EMA generator's weights included, at every
-step). Each run is ``gan.training.train`` in a fresh pair of processes -- Lightning's launcher starts rank
-1 by running this script again -- with the default digits run unless overrides say otherwise. Variants
-alternate round by round (the order reversed every other round); each figure is the median of rank 0's
-step-to-step times after the warm-up steps, then the median over rounds; the comparison is their ratio.
-On 2 shared cores this measures the overheads of the two strategies, not a GPU cluster's scaling.
+``ddp_separate`` (trainer=ddp: G and D in a DistributedDataParallel each, gan/strategy.py; each of the
+step's two backwards all-reduces one network's gradients) against ``ddp_find_unused_parameters_true``
+(trainer=ddp_find_unused: the whole module in one, which at every backward searches the autograd graph
+for the parameters it will not reach and all-reduces both networks' gradients, zeros for those).
+
+Each run is ``gan.training.train`` in a fresh pair of processes (Lightning's launcher starts rank 1 by
+running this script again), on the default digits run unless overrides say otherwise. A round runs
+both, back to back, the order reversed every other round; a run's figure is the median of rank 0's
+step-to-step times after the warm-up steps. The comparison is the median over rounds of each round's
+ratio: on shared cores the load drifts from minute to minute, and a round's two runs share most of it.
+On 2 CPU cores this measures the overheads of the two strategies, not a GPU cluster's scaling.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ def measure(trainer: str, steps: int, overrides: list[str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--run", help=argparse.SUPPRESS)  # a worker: one run with this trainer config
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args()
@@ -66,16 +68,15 @@ def main() -> None:
     for round_ in range(args.rounds):
         for name in list(STRATEGIES)[:: -1 if round_ % 2 else 1]:
             results[name].append(measure(STRATEGIES[name], args.steps, overrides))
-    medians = {name: statistics.median(values) for name, values in results.items()}
     print(f"2 CPU processes (gloo), torch {torch.__version__}; {args.steps} generator steps per run "
           f"(first {WARMUP} dropped), {args.rounds} rounds; overrides: {' '.join(overrides) or 'none'}")
     for name, values in results.items():
-        print(f"  {name:<32} median step {medians[name]:7.2f} ms   (rounds: "
+        print(f"  {name:<32} median step {statistics.median(values):7.2f} ms   (rounds: "
               f"{', '.join(f'{v:.2f}' for v in values)})")
-    separate, find_unused = medians["ddp_separate"], medians["ddp_find_unused_parameters_true"]
-    print(f"ddp_find_unused_parameters_true / ddp_separate = {find_unused / separate:.3f} "
-          f"(above 1: trainer=ddp is faster)")
-
+    ratios = [u / s for u, s in zip(results["ddp_find_unused_parameters_true"], results["ddp_separate"])]
+    print(f"ddp_find_unused_parameters_true / ddp_separate, median of the rounds' ratios: "
+          f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)}; "
+          f"above 1: trainer=ddp is faster)")
 
 if __name__ == "__main__":
     main()
