@@ -9,10 +9,11 @@ for the parameters it will not reach and all-reduces both networks' gradients, z
 
 Each run is ``gan.training.train`` in a fresh pair of processes (Lightning's launcher starts rank 1 by
 running this script again), on the default digits run unless overrides say otherwise. A round runs
-both, back to back, the order reversed every other round; a run's figure is the median of rank 0's
-step-to-step times after the warm-up steps. The comparison is the median over rounds of each round's
-ratio: on shared cores the load drifts from minute to minute, and a round's two runs share most of it.
-Beside it, the ratio of each strategy's fastest run, the one least slowed by other work.
+both, back to back, the order reversed every other round. A run's figures are medians over rank 0's
+steps after the warm-up: wall time per step, and CPU time per step (its process's, all threads). On
+shared cores the wall time also holds the waits for a core -- each collective needs both ranks
+running -- so the CPU time, what the step itself costs, is the steadier comparison. Each comparison
+is the median over rounds of each round's ratio: a round's two runs share most of the drifting load.
 On 2 CPU cores this measures the overheads of the two strategies, not a GPU cluster's scaling.
 """
 
@@ -24,29 +25,43 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import lightning as L
 import torch
-from step import WARMUP, StepClock, compose_train, median_after_warmup
+from step import WARMUP, compose_train, median_after_warmup
 
 from gan.training import train
 
 STRATEGIES = {"ddp_separate": "trainer=ddp", "ddp_find_unused_parameters_true": "trainer=ddp_find_unused"}
+CLOCKS = ("wall", "cpu")
+
+
+class Clocks(L.Callback):
+    """Wall time and this process's CPU time at the end of every generator step."""
+
+    def __init__(self) -> None:
+        self.ends: dict[str, list[float]] = {clock: [] for clock in CLOCKS}
+
+    def on_train_batch_end(self, *args: object) -> None:
+        self.ends["wall"].append(time.perf_counter())
+        self.ends["cpu"].append(time.process_time())
 
 
 def run_once(trainer: str, steps: int, overrides: list[str], out: Path) -> None:
     """One 2-process training run (this process is one of its ranks); rank 0 writes its median step ms."""
     cfg = compose_train(trainer, "trainer.accelerator=cpu", "trainer.devices=2", f"trainer.max_steps={steps}",
                         *overrides, run_dir=out.parent / "run")
-    clock = StepClock()
-    module = train(cfg, [clock])
+    clocks = Clocks()
+    module = train(cfg, [clocks])
     if module.global_rank == 0:
-        times = [(b - a) * 1e3 for a, b in zip(clock.ends, clock.ends[1:])]
-        out.write_text(json.dumps(median_after_warmup(times)))
+        out.write_text(json.dumps({clock: median_after_warmup([(b - a) * 1e3 for a, b in zip(ends, ends[1:])])
+                                   for clock, ends in clocks.ends.items()}))
 
 
-def measure(trainer: str, steps: int, overrides: list[str]) -> float:
-    """Median step ms of a fresh 2-process run with ``trainer``."""
+def measure(trainer: str, steps: int, overrides: list[str]) -> dict[str, float]:
+    """Median wall and CPU ms per step of a fresh 2-process run with ``trainer``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "median_ms.json"
         subprocess.run([sys.executable, __file__, "--run", trainer, "--steps", str(steps), "--out", str(out),
@@ -65,20 +80,21 @@ def main() -> None:
         run_once(args.run, args.steps, overrides, args.out)
         return
 
-    results: dict[str, list[float]] = {name: [] for name in STRATEGIES}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in STRATEGIES}
     for round_ in range(args.rounds):
         for name in list(STRATEGIES)[:: -1 if round_ % 2 else 1]:
-            results[name].append(measure(STRATEGIES[name], args.steps, overrides))
+            runs[name].append(measure(STRATEGIES[name], args.steps, overrides))
     print(f"2 CPU processes (gloo), torch {torch.__version__}; {args.steps} generator steps per run "
           f"(first {WARMUP} dropped), {args.rounds} rounds; overrides: {' '.join(overrides) or 'none'}")
-    for name, values in results.items():
-        print(f"  {name:<32} median step {statistics.median(values):7.2f} ms   (rounds: "
-              f"{', '.join(f'{v:.2f}' for v in values)})")
-    unused, separate = results["ddp_find_unused_parameters_true"], results["ddp_separate"]
-    ratios = [u / s for u, s in zip(unused, separate)]
-    print(f"ddp_find_unused_parameters_true / ddp_separate (above 1: trainer=ddp is faster): median of the "
-          f"rounds' ratios {statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)}); "
-          f"of each one's fastest run {min(unused) / min(separate):.3f}")
+    for clock in CLOCKS:
+        for name, figures in runs.items():
+            values = [run[clock] for run in figures]
+            print(f"  {clock:>4} ms per step  {name:<32} median {statistics.median(values):7.2f}   (rounds: "
+                  f"{', '.join(f'{v:.2f}' for v in values)})")
+    for clock in CLOCKS:
+        ratios = [u[clock] / s[clock] for u, s in zip(runs["ddp_find_unused_parameters_true"], runs["ddp_separate"])]
+        print(f"{clock} time, ddp_find_unused_parameters_true / ddp_separate: {statistics.median(ratios):.3f} "
+              f"(rounds: {', '.join(f'{r:.3f}' for r in ratios)}; above 1: trainer=ddp is faster)")
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@ Lightning's own ``ddp`` wraps the whole LightningModule in one DistributedDataPa
 reducer's backwards expects a gradient for every parameter, and a GAN step has two backwards that by
 design leave parameters without one: D's, which stops at ``fake.detach()`` (nothing for G), and G's,
 through a frozen D (nothing for D). So plain ``ddp`` fails, and ``ddp_find_unused_parameters_true``
-works by searching the autograd graph after every forward for the parameters it will not reach.
+works by searching the autograd graph at every backward for the parameters it will not reach.
 
 Here G and D get a wrapper each, as StyleGAN2-ADA and StudioGAN do in their own loops: G's backward
 all-reduces G's gradients, D's backward D's, each reducer sees every one of its parameters used, and no
