@@ -29,18 +29,21 @@ def sum_over_ranks(x: Tensor) -> Tensor:
 
 
 def broadcast_buffers(*modules: nn.Module) -> None:
-    """Rank 0's buffers of ``modules`` copied to every rank, in place; nothing in a single process.
+    """Rank 0's floating-point buffers of ``modules`` copied to every rank, in place; nothing in a single
+    process.
 
     For BatchNorm's running statistics: in train mode each rank normalizes with its own batch and moves
     its running statistics toward that batch's, so the ranks drift apart although their weights agree.
-    Rank 0's are the run's (its checkpoint holds them), as with DDP's own buffer broadcast. The other
-    buffers of G and D (``num_batches_tracked``, spectral norm's vectors) are equal on every rank already.
+    Rank 0's are the run's (its checkpoint holds them), as with DDP's own buffer broadcast. Integer
+    buffers (``num_batches_tracked``) count forwards, the same number on every rank.
     """
-    if world_size() > 1:
-        # Launched together, then awaited: one wait for all the small messages instead of one each.
-        works = [dist.broadcast(b, src=0, async_op=True) for m in modules for b in m.buffers()]
-        for work in works:
-            work.wait()
+    buffers = [b for m in modules for b in m.buffers() if b.is_floating_point()] if world_size() > 1 else []
+    if buffers:
+        # One message for all of them, not one each: every collective waits for all ranks to reach it.
+        flat = torch.cat([b.flatten() for b in buffers])
+        dist.broadcast(flat, src=0)
+        pieces = flat.split([b.numel() for b in buffers])
+        torch._foreach_copy_(buffers, [piece.view_as(b) for b, piece in zip(buffers, pieces)])
 
 
 class StepCounters(nn.Module):
