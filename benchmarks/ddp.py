@@ -14,6 +14,8 @@ steps after the warm-up: wall time per step, and CPU time per step (its process'
 shared cores the wall time also holds the waits for a core -- each collective needs both ranks
 running -- so the CPU time, what the step itself costs, is the steadier comparison. Each comparison
 is the median over rounds of each round's ratio: a round's two runs share most of the drifting load.
+The collectives (calls and elements per step, every one of the run's, Lightning's own included) are
+exact: counted by torch.profiler over a few steps after the timed ones.
 On 2 CPU cores this measures the overheads of the two strategies, not a GPU cluster's scaling.
 """
 
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -36,32 +40,55 @@ from gan.training import train
 
 STRATEGIES = {"ddp_separate": "trainer=ddp", "ddp_find_unused_parameters_true": "trainer=ddp_find_unused"}
 CLOCKS = ("wall", "cpu")
+COUNTED = 5  # steps after the timed ones, run under torch.profiler to count the collectives
 
 
 class Clocks(L.Callback):
-    """Wall time and this process's CPU time at the end of every generator step."""
+    """Wall time and this process's CPU time at the end of each of the first ``timed`` generator steps;
+    then the collectives of the next ``COUNTED`` steps, from torch.profiler's record of gloo's calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, timed: int) -> None:
+        self.timed = timed
         self.ends: dict[str, list[float]] = {clock: [] for clock in CLOCKS}
+        self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
 
-    def on_train_batch_end(self, *args: object) -> None:
-        self.ends["wall"].append(time.perf_counter())
-        self.ends["cpu"].append(time.process_time())
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, *args: object) -> None:
+        if pl_module.counters.g == self.timed:
+            self.profiler.start()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: object) -> None:
+        step = pl_module.counters.g
+        if step <= self.timed:
+            self.ends["wall"].append(time.perf_counter())
+            self.ends["cpu"].append(time.process_time())
+        elif step == self.timed + COUNTED:
+            self.profiler.stop()
+
+    def collectives(self) -> dict[str, list[float]]:
+        """Per step: {collective: [calls, elements]}, e.g. {"all_reduce": [5.0, 398021.0]}."""
+        found: dict[str, list[float]] = {}
+        for event in self.profiler.events():
+            if event.name.startswith("gloo:"):
+                calls_elements = found.setdefault(event.name.removeprefix("gloo:"), [0.0, 0.0])
+                calls_elements[0] += 1 / COUNTED
+                calls_elements[1] += math.prod(event.input_shapes[0]) / COUNTED
+        return found
 
 
 def run_once(trainer: str, steps: int, overrides: list[str], out: Path) -> None:
-    """One 2-process training run (this process is one of its ranks); rank 0 writes its median step ms."""
-    cfg = compose_train(trainer, "trainer.accelerator=cpu", "trainer.devices=2", f"trainer.max_steps={steps}",
-                        *overrides, run_dir=out.parent / "run")
-    clocks = Clocks()
+    """One 2-process training run (this process is one of its ranks); rank 0 writes its figures."""
+    cfg = compose_train(trainer, "trainer.accelerator=cpu", "trainer.devices=2",
+                        f"trainer.max_steps={steps + COUNTED}", *overrides, run_dir=out.parent / "run")
+    clocks = Clocks(steps)
     module = train(cfg, [clocks])
     if module.global_rank == 0:
-        out.write_text(json.dumps({clock: median_after_warmup([(b - a) * 1e3 for a, b in zip(ends, ends[1:])])
-                                   for clock, ends in clocks.ends.items()}))
+        figures = {clock: median_after_warmup([(b - a) * 1e3 for a, b in zip(ends, ends[1:])])
+                   for clock, ends in clocks.ends.items()}
+        out.write_text(json.dumps({**figures, "collectives": clocks.collectives()}))
 
 
-def measure(trainer: str, steps: int, overrides: list[str]) -> dict[str, float]:
-    """Median wall and CPU ms per step of a fresh 2-process run with ``trainer``."""
+def measure(trainer: str, steps: int, overrides: list[str]) -> dict[str, Any]:
+    """A fresh 2-process run with ``trainer``: median wall and CPU ms per step, and its collectives."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "median_ms.json"
         subprocess.run([sys.executable, __file__, "--run", trainer, "--steps", str(steps), "--out", str(out),
@@ -80,7 +107,7 @@ def main() -> None:
         run_once(args.run, args.steps, overrides, args.out)
         return
 
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in STRATEGIES}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in STRATEGIES}
     for round_ in range(args.rounds):
         for name in list(STRATEGIES)[:: -1 if round_ % 2 else 1]:
             runs[name].append(measure(STRATEGIES[name], args.steps, overrides))
@@ -91,6 +118,10 @@ def main() -> None:
             values = [run[clock] for run in figures]
             print(f"  {clock:>4} ms per step  {name:<32} median {statistics.median(values):7.2f}   (rounds: "
                   f"{', '.join(f'{v:.2f}' for v in values)})")
+    for name, figures in runs.items():  # the same in every round: the first round's
+        counted = figures[0]["collectives"].items()
+        print(f"  collectives per step  {name:<32} "
+              + ", ".join(f"{op} {calls:.1f} ({elements:,.0f} elements)" for op, (calls, elements) in counted))
     for clock in CLOCKS:
         ratios = [u[clock] / s[clock] for u, s in zip(runs["ddp_find_unused_parameters_true"], runs["ddp_separate"])]
         print(f"{clock} time, ddp_find_unused_parameters_true / ddp_separate: {statistics.median(ratios):.3f} "
