@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gan.errors import ConfigError
+from gan.stats import sum_over_ranks, world_size
 
 OPERATIONS = ("translation", "cutout", "color")
 
@@ -88,12 +89,19 @@ class Augment(nn.Module):
 
     @torch.no_grad()
     def accumulate(self, real_logits: Tensor) -> None:
-        self.sign_sum += real_logits.sign().sum().to(self.sign_sum.dtype)
-        self.sign_count += real_logits.numel()
+        """Add the signs of D's outputs on a real batch; under DDP, on every rank's real batch.
+
+        Summed over the ranks as they come in, not at the adjustment: the accumulators, and so r_t and
+        ``p``, are then the same on every rank at every step, and a checkpoint (rank 0's) holds the
+        whole count, which a resumed run sums on from.
+        """
+        self.sign_sum += sum_over_ranks(real_logits.sign().sum().to(self.sign_sum.dtype))
+        self.sign_count += real_logits.numel() * world_size()
 
     @torch.no_grad()
     def adjust(self, batch_size: int) -> None:
-        """One ADA step from the signs gathered since the last one (call every ``interval`` G steps)."""
+        """One ADA step from the signs gathered since the last one (call every ``interval`` G steps);
+        ``batch_size``: the real images of one generator step, over all ranks."""
         if not self.adaptive:
             return
         r_t = self.sign_sum / self.sign_count.clamp(min=1)

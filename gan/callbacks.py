@@ -137,9 +137,9 @@ class SampleLogger(L.Callback):
     def log_samples(self, trainer: L.Trainer, pl_module: GANModule) -> None:
         step = pl_module.counters.g
         self.last_step = step
-        samples = pl_module.generate(pl_module.sample_noise, pl_module.sample_labels)
         if not trainer.is_global_zero:
-            return
+            return  # drawn once, by rank 0: under DDP every rank holds the same G and EMA weights
+        samples = pl_module.generate(pl_module.sample_noise, pl_module.sample_labels)
         # The whole fixed batch: a conditional grid shows every row the module drew labels for.
         render_samples(samples, self.directory / f"step_{step:06d}.png",
                        trainer.logger.experiment if trainer.logger is not None else None, self.tag, step,

@@ -3,13 +3,15 @@
 ``frozen(D)``: the generator step's view of D -- no gradients for D's weights, while gradients still
 flow *through* D to G. ``evaluating(G)``: the one way this project samples -- eval mode (BatchNorm uses
 its running statistics and does not update them), ``torch.no_grad()`` (no graph is built) and frozen
-weights. Every sample grid, metric and evaluate.py call goes through ``evaluating``.
+weights. Every sample grid, metric and evaluate.py call goes through ``evaluating``. ``no_sync(D)``:
+the DDP side of freezing -- D's wrapper prepares no gradient reduction for a forward whose backward
+gives D's weights no gradient.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -50,3 +52,13 @@ def evaluating(*modules: nn.Module, inference: bool = False) -> Iterator[None]:
         finally:
             for sub, mode in modes:
                 sub.training = mode
+
+
+def no_sync(module: nn.Module) -> AbstractContextManager[None]:
+    """``module.no_sync()`` for a DistributedDataParallel module (trainer=ddp), else a context that does nothing.
+
+    A DDP module's forward normally prepares its reducer to all-reduce every parameter's gradient in the
+    next backward. Under ``no_sync()`` it prepares nothing, the right thing for a forward whose backward
+    computes no gradient for the module's weights.
+    """
+    return module.no_sync() if hasattr(module, "no_sync") else nullcontext()

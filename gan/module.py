@@ -24,7 +24,7 @@ from gan.errors import ConfigError
 from gan.losses import get_loss, gradient_penalty
 from gan.models import balanced_labels, build_models, condition_input
 from gan.regularizers import R1, build_regularizer
-from gan.stats import EMAGenerator, RunningMean, StepCounters
+from gan.stats import EMAGenerator, RunningMean, StepCounters, broadcast_buffers
 from gan.timing import PhaseTimer
 
 
@@ -42,6 +42,10 @@ class GANModule(L.LightningModule):
         self.gp_weight = float(cfg["loss"].get("gp_weight", 0.0))
 
         self.G, self.D = build_models(cfg["model"], self.z_dim, self.data_shape, num_classes)
+        # trainer=ddp: G's and D's own DistributedDataParallel wrappers (gan/strategy.py), which the training
+        # step runs them through (self.replica). A dict, so not submodules: the state_dict, optimizers, EMA
+        # and sampling see G and D alone, under their own names.
+        self.ddp: dict[str, nn.Module] = {}
         self.augment = build_augment(cfg["augment"], self.data_shape)
         ema = cfg["ema"]
         self.ema = EMAGenerator(self.G, ema["decay"], ema["start"]) if ema["enabled"] else None
@@ -97,9 +101,9 @@ class GANModule(L.LightningModule):
 
         # The GAN step (gan/step.py): one G forward; D learns from D(real) and D(fake.detach()); G
         # learns through the undetached D(fake) while D is frozen.
-        d, g_loss = step.generator_step(self.G, self.D, opt_g, opt_d, self.noise(len(reals[-1])), reals[-1],
-                                        labels[-1], self.d_loss, self.g_loss, self.manual_backward,
-                                        self.timer.phase)
+        d, g_loss = step.generator_step(self.replica("G"), self.replica("D"), opt_g, opt_d,
+                                        self.noise(len(reals[-1])), reals[-1], labels[-1], self.d_loss,
+                                        self.g_loss, self.manual_backward, self.timer.phase)
         self.counters.count_d_step()
 
         with self.timer.phase("statistics"):
@@ -155,7 +159,12 @@ class GANModule(L.LightningModule):
             x = self.augment(x)
         if self.num_classes:
             x = torch.cat((condition_input(y, self.num_classes, self.data_shape), x), dim=1)
-        return self.D(x)
+        return self.replica("D")(x)
+
+    def replica(self, name: str) -> nn.Module:
+        """``G`` or ``D`` as the training step runs it: through its DDP wrapper under trainer=ddp, whose
+        backward all-reduces the network's gradients; the network itself otherwise."""
+        return self.ddp.get(name, getattr(self, name))
 
     @torch.no_grad()
     def update_statistics(self, batch_size: int, real_logits: Tensor) -> None:
@@ -165,12 +174,13 @@ class GANModule(L.LightningModule):
         g_steps = self.counters.g
         for schedule in self.lr_schedulers() or []:  # optim.decay=linear: one schedule per optimizer
             schedule.step()
+        broadcast_buffers(self.G, self.D)  # DDP: rank 0's BatchNorm statistics on every rank, before EMA copies G's
         if self.ema is not None:
             self.ema.update(self.G, g_steps)
         if self.augment is not None:
             self.augment.accumulate(real_logits)
             if g_steps % self.augment.interval == 0:
-                self.augment.adjust(batch_size // self.d_steps)
+                self.augment.adjust(self.images_per_step)
 
     @property
     def images_per_step(self) -> int:

@@ -1,12 +1,49 @@
 """Modules whose whole state is registered buffers: saved in the checkpoint, moved by ``.to()``,
-never seen by an optimizer (they are not parameters)."""
+never seen by an optimizer (they are not parameters).
+
+Under DDP (``trainer=ddp``) every rank holds these buffers and must hold the same values: what a rank
+gathers from its own batch is reduced over all ranks before it updates state (:func:`sum_over_ranks`),
+and the buffers of G and D are rank 0's after every step (:func:`broadcast_buffers`).
+"""
 
 from __future__ import annotations
 
 import copy
 
 import torch
-from torch import nn
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+def world_size() -> int:
+    """The number of processes training together: torch.distributed's world size, 1 without it."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def sum_over_ranks(x: Tensor) -> Tensor:
+    """``x`` summed over all ranks, in place (an all-reduce: every rank gets the same total); ``x`` as it
+    is in a single process. Every rank must call it, in the same order."""
+    if world_size() > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def broadcast_buffers(*modules: nn.Module) -> None:
+    """Rank 0's floating-point buffers of ``modules`` copied to every rank, in place; nothing in a single
+    process.
+
+    For BatchNorm's running statistics: in train mode each rank normalizes with its own batch and moves
+    its running statistics toward that batch's, so the ranks drift apart although their weights agree.
+    Rank 0's are the run's (its checkpoint holds them), as with DDP's own buffer broadcast. Integer
+    buffers (``num_batches_tracked``) count forwards, the same number on every rank.
+    """
+    buffers = [b for m in modules for b in m.buffers() if b.is_floating_point()] if world_size() > 1 else []
+    if buffers:
+        # One message for all of them, not one each: every collective waits for all ranks to reach it.
+        flat = torch.cat([b.flatten() for b in buffers])
+        dist.broadcast(flat, src=0)
+        pieces = flat.split([b.numel() for b in buffers])
+        torch._foreach_copy_(buffers, [piece.view_as(b) for b, piece in zip(buffers, pieces)])
 
 
 class StepCounters(nn.Module):
@@ -54,10 +91,13 @@ class RunningMean(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
+        """Move the mean toward ``x.mean()``; under DDP, toward the mean over every rank's ``x`` (all of
+        one size), so that the value is the same on every rank."""
+        mean = sum_over_ranks(x.detach().mean().to(self.value.dtype)) / world_size()
         # Bias-free start: the first update sets the mean instead of pulling it from zero. Decided on
         # the device (torch.where), not with `if self.count == 0`, which would sync a GPU every call.
         weight = torch.where(self.count == 0, 1.0, 1.0 - self.decay).to(self.value.dtype)
-        self.value.lerp_(x.detach().mean().to(self.value.dtype), weight)
+        self.value.lerp_(mean, weight)
         self.count += 1
 
 

@@ -10,8 +10,10 @@ One generator step::
 
 What the networks minimise is passed in: ``d_loss(real, fake, labels) -> (loss, real_logits,
 fake_logits)`` and ``g_loss(fake, labels) -> loss`` (the adversarial loss, penalties, augmentation
-and conditioning live there). ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
-``manual_backward``, which adds mixed-precision loss scaling and DDP's hooks. ``phase(name)`` marks
+and conditioning live there). ``G`` is the module the step runs and ``D`` the one ``g_loss`` runs: under
+``trainer=ddp`` their DistributedDataParallel wrappers, each of whose backwards all-reduces the
+network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
+``manual_backward``, which adds mixed-precision loss scaling. ``phase(name)`` marks
 where the time goes (:class:`gan.timing.PhaseTimer`; untimed by default).
 """
 
@@ -24,7 +26,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from gan.contexts import frozen
+from gan.contexts import frozen, no_sync
 from gan.timing import untimed
 
 DLoss = Callable[[Tensor, Tensor, "Tensor | None"], tuple[Tensor, Tensor, Tensor]]
@@ -74,7 +76,9 @@ def g_update(D: nn.Module, opt_g: Optimizer, g_loss: GLoss, fake: Tensor, labels
     before opt_d.step() used D's old weights, which the step changed in place, so backpropagating
     through them would raise "modified by an inplace operation".
     """
-    with frozen(D):
+    # Under DDP (trainer=ddp, G and D wrapped separately) only G's gradients are all-reduced here: D is
+    # frozen, so it has none, and no_sync(D) keeps D's wrapper from preparing a reduction for them.
+    with frozen(D), no_sync(D):
         with phase("g_forward"):
             loss = g_loss(fake, labels)
         with phase("g_backward"):

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
+from gan import strategy  # registers trainer=ddp's strategy with Lightning
 from gan.audit import AutogradAudit
 from gan.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
 from gan.checkpoint import AtomicCheckpointIO
@@ -74,8 +76,13 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"checkpoint.keep={keep}: the number of periodic checkpoints to keep besides last.ckpt, "
                           "a whole number >= 0 (0 keeps them all)")
     if cfg.trainer.strategy == "ddp":
-        raise ConfigError("trainer.strategy=ddp fails when a backward leaves parameters without gradients, as every "
-                          "GAN step does (fake.detach(), frozen D): use trainer=ddp (ddp_find_unused_parameters_true)")
+        raise ConfigError("trainer.strategy=ddp wraps the whole module in one DistributedDataParallel, which fails "
+                          "when a backward leaves parameters without gradients, as every GAN step does (fake.detach(), "
+                          f"frozen D): use trainer=ddp ({strategy.NAME}: G and D wrapped separately) or "
+                          "trainer=ddp_find_unused")
+    if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
+        raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
+                          "CPUs): leave it false here")
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")

@@ -12,7 +12,7 @@ import gan.step
 
 # (text in gan/step.py, what it becomes)
 WITHOUT_DETACH = ("real, fake.detach(), labels", "real, fake, labels")
-D_NOT_FROZEN = ("with frozen(D):", "with frozen():")  # frozen() with no modules freezes nothing
+D_NOT_FROZEN = ("with frozen(D),", "with frozen(),")  # frozen() with no modules freezes nothing
 NO_ZERO_GRAD_G = ("opt_g.zero_grad(set_to_none=True)", "pass")
 
 

@@ -1,0 +1,116 @@
+"""trainer=ddp on two CPU processes (gloo): G and D wrapped as two DDP modules, every rank's state equal.
+
+Each run is tests/ddp_ranks.py -- train.py with a callback that saves what each rank saw and holds -- started
+as a user starts train.py, so Lightning's launcher starts rank 1 by running the same command again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, TINY, compose_config, read_events
+
+from gan.augment import Augment
+from gan.errors import ConfigError
+from gan.stats import RunningMean
+from gan.training import validate
+
+BATCH, STEPS, RANKS = 16, 6, 2  # debug=tiny's batch and steps
+# ADA adjusts p at step 4 (by 32 images x 4 steps / 640 = 0.2) and is halfway to its next adjustment at the
+# end, so its sign accumulators are not empty; R1 differentiates D twice under DDP; metrics at steps 3 and 6.
+OVERRIDES = [*TINY, "trainer.accelerator=cpu", f"trainer.devices={RANKS}", "reg=r1", "augment=ada", "augment.p=0.5",
+             "augment.interval=4", "augment.speed_images=640", "eval.every=3", "eval.num_samples=64",
+             "eval.classifier_steps=5"]
+
+
+def train_on_two_ranks(run_dir: Path, trainer: str) -> list[dict]:
+    """tests/ddp_ranks.py with ``trainer=<trainer>``; returns each rank's record, rank 0 first."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's gan package in both ranks
+    out = subprocess.run([sys.executable, "tests/ddp_ranks.py", f"trainer={trainer}", *OVERRIDES,
+                          f"hydra.run.dir={run_dir}", f"eval.cache_dir={run_dir.parent / 'feature_cache'}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [torch.load(run_dir / "ranks" / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
+
+
+@pytest.fixture(scope="module")
+def separate_ddp(tmp_path_factory) -> tuple[Path, list[dict]]:
+    run_dir = tmp_path_factory.mktemp("ddp") / "separate"
+    return run_dir, train_on_two_ranks(run_dir, "ddp")
+
+
+def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
+    run_dir, ranks = separate_ddp
+    rank0, rank1 = ranks
+    # G and D each in their own DistributedDataParallel, without the unused-parameter search; the
+    # LightningModule itself is not wrapped.
+    for record in ranks:
+        assert record["wrapped_module"] == "GANModule"
+        assert record["wrappers"] == {"G": ("DistributedDataParallel", False, False),
+                                      "D": ("DistributedDataParallel", False, False)}
+
+    # Each rank trains on its own real batches and its own noise ...
+    for step in range(STEPS):
+        assert not torch.equal(rank0["batches"][step], rank1["batches"][step])
+        assert not torch.equal(rank0["noise"][step], rank1["noise"][step])
+    # ... yet ends with the same state, bit for bit: G's, D's and the EMA's weights and buffers (BatchNorm's
+    # running statistics among them), the running means, ADA's p and sign sums, the counters.
+    final = rank0["final"]
+    assert final.keys() == rank1["final"].keys()
+    assert [k for k in final if not torch.equal(final[k], rank1["final"][k])] == []
+    trained = [k for k in final if k.startswith(("G.", "D.")) and not torch.equal(final[k], rank0["initial"][k])]
+    assert any(".running_mean" in k for k in trained) and any(k.endswith(".weight") for k in trained)
+    assert int(final["counters.g_steps"]) == int(final["counters.d_steps"]) == STEPS
+    assert int(final["counters.images_seen"]) == STEPS * BATCH * RANKS
+
+    # The statistics follow the outputs of D on every rank's batch: each step's D forwards are on real
+    # images, then on the detached fakes (the D update), then on the fakes again (the G update).
+    real = [torch.cat([record["d_outputs"][step][0] for record in ranks]) for step in range(STEPS)]
+    fake = [torch.cat([record["d_outputs"][step][1] for record in ranks]) for step in range(STEPS)]
+    real_mean, fake_mean = RunningMean(), RunningMean()
+    ada = Augment(["translation"], p=0.5, adaptive=True, interval=4, speed_images=640)
+    for step in range(STEPS):
+        real_mean.update(real[step])
+        fake_mean.update(fake[step])
+        ada.accumulate(real[step])
+        if (step + 1) % ada.interval == 0:
+            ada.adjust(BATCH * RANKS)
+    assert torch.allclose(final["d_real_mean.value"], real_mean.value)
+    assert torch.allclose(final["d_fake_mean.value"], fake_mean.value)
+    assert final["augment.p"] == ada.p != 0.5
+    assert final["augment.sign_sum"] == ada.sign_sum
+    assert final["augment.sign_count"] == ada.sign_count == 2 * BATCH * RANKS  # steps 5 and 6, both ranks
+
+
+def test_samples_and_metrics_are_made_once(separate_ddp):
+    run_dir, (rank0, rank1) = separate_ddp
+    # The EMA generator samples on rank 0 only: a grid and a metrics evaluation (64 samples, one forward)
+    # at steps 3 and 6.
+    assert (rank0["ema_forwards"], rank1["ema_forwards"]) == (4, 0)
+    events = read_events(run_dir / "tensorboard")
+    assert [e.step for e in events.Images("samples/grid")] == [3, 6]
+    assert [e.step for e in events.Scalars("metrics/fid")] == [3, 6]
+    assert [e.step for e in events.Scalars("loss/g")] == list(range(1, STEPS + 1))
+    assert sorted(p.name for p in (run_dir / "samples").iterdir()) == ["step_000003.png", "step_000006.png"]
+
+
+def test_find_unused_fallback_trains_bit_identically(separate_ddp, tmp_path):
+    """trainer=ddp_find_unused: Lightning wraps the whole module in one DDP, which searches for unused
+    parameters after every forward; the same run ends in exactly the same state."""
+    ranks = train_on_two_ranks(tmp_path / "find_unused", "ddp_find_unused")
+    for record in ranks:
+        assert record["wrapped_module"] == "DistributedDataParallel" and record["wrappers"] == {}
+    separate = separate_ddp[1][0]["final"]
+    assert [k for k in separate if not torch.equal(separate[k], ranks[0]["final"][k])] == []
+
+
+def test_plain_ddp_and_cpu_sync_batchnorm_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="use trainer=ddp .*ddp_separate.* or trainer=ddp_find_unused"):
+        validate(compose_config("trainer.strategy=ddp"))
+    with pytest.raises(ConfigError, match="trainer.sync_batchnorm=true needs CUDA"):
+        validate(compose_config("trainer=ddp", "trainer.accelerator=cpu", "trainer.sync_batchnorm=true"))
