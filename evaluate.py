@@ -3,18 +3,12 @@
 
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
-from gan.errors import exit_on_config_error
+from gan.errors import entry_point
 from gan.evaluation import evaluate_run
 
-
-# An absolute path: the configs are found however evaluate.py is run (as a script, or imported by the tests).
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).parent / "configs"), config_name="evaluate")
-def main(cfg: DictConfig) -> None:
-    exit_on_config_error(evaluate_run, cfg)
-
+# Hydra composes configs/evaluate.yaml with the command line's overrides and calls evaluate_run(cfg); bad
+# input ends with one line on stderr. An absolute path: the configs are found however evaluate.py is run.
+main = entry_point(evaluate_run, config_path=str(Path(__file__).parent / "configs"), config_name="evaluate")
 
 if __name__ == "__main__":
     main()

@@ -2,18 +2,12 @@
 
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
-from gan.errors import exit_on_config_error
+from gan.errors import entry_point
 from gan.training import train
 
-
-# An absolute path: the configs are found however train.py is run (as a script, or imported by the tests).
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).parent / "configs"), config_name="train")
-def main(cfg: DictConfig) -> None:
-    exit_on_config_error(train, cfg)
-
+# Hydra composes configs/train.yaml with the command line's overrides and calls train(cfg); bad input
+# ends with one line on stderr. An absolute path: the configs are found however train.py is run.
+main = entry_point(train, config_path=str(Path(__file__).parent / "configs"), config_name="train")
 
 if __name__ == "__main__":
     main()

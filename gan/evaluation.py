@@ -25,6 +25,7 @@ from gan.features import to_uint8
 from gan.metrics import EvalSettings, build_metrics, scalars
 from gan.module import GANModule
 from gan.sampling import interpolate, sample_and_score
+from gan.schema import EvaluateConfig, conform
 from gan.visuals import real_points_for_plot, render_interpolation, render_samples
 
 log = logging.getLogger(__name__)
@@ -89,11 +90,9 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
 
     Every check that can fail on bad input runs before the first file is written.
     """
+    cfg = conform(cfg, EvaluateConfig)
     run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
     settings = EvalSettings.from_config(cfg)
-    if not isinstance(cfg.ema, bool):
-        raise ConfigError(f"ema={cfg.ema}: use ema=true (the run's EMA copy, where it has one) or ema=false "
-                          "(the raw generator G)")
     device = resolve_device(cfg.device)
     module = load_module(ckpt_path).to(device)
     generator, tag = choose_generator(module, cfg.ema)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
+from hydra.experimental.callback import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,9 +21,10 @@ from gan.audit import AutogradAudit
 from gan.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
 from gan.checkpoint import AtomicCheckpointIO
 from gan.data import GANDataModule, data_shape, is_point_data, mixture_means, num_classes
-from gan.errors import ConfigError
+from gan.errors import ConfigError, reported
 from gan.metrics import EvalSettings
 from gan.module import GANModule
+from gan.schema import TrainConfig, conform
 from gan.timing import StepTimer
 from gan.visuals import real_points_for_plot
 
@@ -60,21 +64,48 @@ def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
                               f"or resume it with ckpt_path={existing / 'last.ckpt'}")
 
 
-def validate(cfg: DictConfig) -> None:
-    if cfg.trainer.max_steps < 1:
-        raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps}: it must be a positive number of "
-                          "generator steps")
-    if cfg.train.d_steps < 1 or cfg.train.batch_size < 1:
-        raise ConfigError("train.d_steps and train.batch_size must be >= 1")
-    for key in ("every", "sample_every"):
-        if cfg.log[key] < 1:
-            raise ConfigError(f"log.{key}={cfg.log[key]}: it must be >= 1")
-    if cfg.checkpoint.every < 1:
-        raise ConfigError(f"checkpoint.every={cfg.checkpoint.every}: it must be >= 1")
-    keep = cfg.checkpoint.keep
-    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
-        raise ConfigError(f"checkpoint.keep={keep}: the number of periodic checkpoints to keep besides last.ckpt, "
-                          "a whole number >= 0 (0 keeps them all)")
+def check_writable(run_dir: Path) -> None:
+    """Refuse a run directory that cannot be created or written to."""
+    existing = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is not a directory" if not existing.is_dir() else "is not writable"
+        raise ConfigError(f"hydra.run.dir={run_dir} cannot be written: {existing} {why}; choose another hydra.run.dir")
+
+
+# Lower bounds that types cannot say: key -> (least value, what the key is).
+AT_LEAST = {
+    "trainer.max_steps": (1, "the number of generator steps"),
+    "train.batch_size": (1, "real images per D update, set by data.batch_size"),
+    "train.d_steps": (1, "D updates per generator step, set by loss.d_steps"),
+    "train.z_dim": (1, "the size of G's noise vector"),
+    "ema.start": (0, "generator steps during which the EMA copy follows G"),
+    "log.every": (1, "generator steps between logged scalars"),
+    "log.sample_every": (1, "generator steps between sample grids"),
+    "checkpoint.every": (1, "generator steps between periodic checkpoints"),
+    "checkpoint.keep": (0, "periodic checkpoints kept besides last.ckpt; 0 keeps them all"),
+}
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with its values converted to their types (gan/schema.py); a ConfigError names the first
+    value that has the wrong type or lies out of range, and the fix."""
+    cfg = conform(cfg, TrainConfig)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} has no value: give one, e.g. python train.py {missing[0]}=<value>")
+    for key, (least, meaning) in AT_LEAST.items():
+        if (value := OmegaConf.select(cfg, key)) < least:
+            raise ConfigError(f"{key}={value}: it must be >= {least} ({meaning})")
+    for network in ("g", "d"):
+        lr = cfg.optim[network].lr
+        if not lr > 0:  # NaN too
+            raise ConfigError(f"optim.{network}.lr={lr}: a learning rate must be > 0")
+    if not 0 <= cfg.ema.decay < 1:
+        raise ConfigError(f"ema.decay={cfg.ema.decay}: it must be in [0, 1) (0.999 averages over about the "
+                          "last 1,000 generator steps)")
+    if not is_point_data(cfg.data.name) and (cfg.data.image_size < 1 or cfg.data.channels not in (1, 3)):
+        raise ConfigError(f"data.image_size={cfg.data.image_size}, data.channels={cfg.data.channels}: images need a "
+                          "size >= 1 (model=dcgan: >= 4) and 1 (grayscale) or 3 (RGB) channels")
     if cfg.trainer.strategy == "ddp":
         raise ConfigError("trainer.strategy=ddp wraps the whole module in one DistributedDataParallel, which fails "
                           "when a backward leaves parameters without gradients, as every GAN step does (fake.detach(), "
@@ -86,15 +117,33 @@ def validate(cfg: DictConfig) -> None:
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
+    return cfg
+
+
+class CheckBeforeWriting(Callback):
+    """A Hydra callback (configs/train.yaml): train.py's checks of its config and run directory, made
+    before Hydra writes ``<run>/.hydra/`` -- which, for a run refused because its directory holds
+    another run, would overwrite that run's. :func:`train` makes them again, for callers without Hydra."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(config.hydra.run.dir)
+        task = OmegaConf.to_container(config)
+        del task["hydra"]
+        task["paths"]["run_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} will be; not set yet
+        with reported():  # Hydra turns an exception raised in a callback into a warning, and runs on
+            cfg = validate(OmegaConf.create(task))
+            check_run_dir(run_dir, cfg.ckpt_path)
+            check_writable(run_dir)
 
 
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module.
     ``extra_callbacks`` run before the project's own (e.g. a benchmark's clock)."""
-    validate(cfg)
+    cfg = validate(cfg)
     logging.getLogger(LIGHTNING_RANK_ZERO_LOGGER).addFilter(LIGHTNING_NOISE)
     run_dir = Path(cfg.paths.run_dir)
     check_run_dir(run_dir, cfg.ckpt_path)
+    check_writable(run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     container = OmegaConf.to_container(cfg, resolve=True)

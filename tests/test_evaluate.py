@@ -131,7 +131,9 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(digits_run, tmp_path, 
         "cannot rebuild a GAN": [f"run_dir={run}", f"ckpt={run / '.hydra' / 'config.yaml'}"],
         "no Inception weights": [f"run_dir={run}", "features=inception"],
         "at least 4": [f"run_dir={run}", "num_samples=2"],
-        "use ema=true": [f"run_dir={run}", "ema=maybe"],
+        "ema=maybe: Value 'maybe' is not a valid bool": [f"run_dir={run}", "ema=maybe"],
+        "num_samples=many: Value 'many' of type 'str' could not be converted to Integer": [f"run_dir={run}",
+                                                                                           "num_samples=many"],
     }
     for expected, args in cases.items():
         capsys.readouterr()

@@ -1,0 +1,103 @@
+"""Bad input to train.py and evaluate.py: one line on stderr naming the problem and the fix, no traceback, a
+non-zero exit code, and nothing of an existing run overwritten. Real Hydra composition, the entry points'
+real main(), real files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY, run_train
+from hydra.errors import HydraException
+
+from gan.errors import ConfigError
+
+
+def one_line(capsys) -> str:
+    """What the last command printed on stderr, which must be one line."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def snapshot(directory: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every directory (None) under ``directory``."""
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
+            for p in sorted(directory.rglob("*"))}
+
+
+# Refused while Hydra composes the config, or by the checks that run before Hydra writes the run directory.
+CONFIG_ERRORS = {
+    ("data=foo",): "error: data=foo is not an option: use data=cifar10|digits|fashion_mnist|folder|grid|mnist|ring",
+    ("trainer.max_stepz=3",): "error: trainer.max_stepz is not a config key (did you mean trainer.max_steps?): "
+                              "check its spelling; --cfg job prints every key",
+    ("seed=[1",): "error: seed=[1: no viable alternative at input '[1' See "
+                  "https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+    ("+trainer.max_step=3",): "error: trainer.max_step is not a config key (did you mean trainer.max_steps?): check "
+                              "its spelling; --cfg job prints every key, and a new key needs its type in gan/schema.py",
+    ("trainer.max_steps=abc",): "error: trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to "
+                                "Integer",
+    ("ema.enabled=maybe",): "error: ema.enabled=maybe: Value 'maybe' is not a valid bool (type str)",
+    ("data=folder",): "error: data.path has no value: give one, e.g. python train.py data.path=<value>",
+    ("trainer.max_steps=0",): "error: trainer.max_steps=0: it must be >= 1 (the number of generator steps)",
+    ("train.batch_size=0",): "error: train.batch_size=0: it must be >= 1 (real images per D update, set by "
+                             "data.batch_size)",
+    ("loss.d_steps=0",): "error: train.d_steps=0: it must be >= 1 (D updates per generator step, set by loss.d_steps)",
+    ("optim.d.lr=0",): "error: optim.d.lr=0.0: a learning rate must be > 0",
+    ("optim.g.lr=-1e-4",): "error: optim.g.lr=-0.0001: a learning rate must be > 0",
+    ("ema.decay=1",): "error: ema.decay=1.0: it must be in [0, 1) (0.999 averages over about the last 1,000 "
+                      "generator steps)",
+    ("data.channels=2",): "error: data.image_size=16, data.channels=2: images need a size >= 1 (model=dcgan: >= 4) "
+                          "and 1 (grayscale) or 3 (RGB) channels",
+    ("ckpt_path=/nonexistent.ckpt",): "error: ckpt_path=/nonexistent.ckpt does not exist: give the path of a .ckpt "
+                                      "file, e.g. <run>/checkpoints/last.ckpt",
+}
+
+
+def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
+    for overrides, expected in CONFIG_ERRORS.items():
+        capsys.readouterr()
+        assert run_train(tmp_path / "run", *overrides) == 2, overrides
+        assert one_line(capsys) == expected
+    assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
+
+
+def test_an_image_size_the_model_cannot_build(tmp_path, capsys):
+    assert run_train(tmp_path / "run", "data.image_size=3") == 2
+    assert one_line(capsys) == "error: model=dcgan needs data.image_size >= 4, got 3"
+
+
+def test_an_unwritable_run_directory_is_refused(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    assert run_train(tmp_path / "file" / "run") == 2
+    assert one_line(capsys) == (f"error: hydra.run.dir={tmp_path / 'file' / 'run'} cannot be written: "
+                                f"{tmp_path / 'file'} is not a directory; choose another hydra.run.dir")
+
+
+def test_a_refused_run_leaves_the_run_in_its_directory_untouched(digits_run, capsys):
+    """Hydra would write <run>/.hydra/ before train.py ran: the checks run before it does."""
+    before = snapshot(digits_run)
+    for overrides in [(), ("ema.decay=2",), ("trainer.max_steps=abc",)]:
+        assert run_train(digits_run, *overrides) == 2
+    assert "already holds a run's checkpoints" in capsys.readouterr().err
+    assert snapshot(digits_run) == before
+
+
+def test_hydra_full_error_shows_the_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(HydraException, match="Could not override 'trainer.max_stepz'"):
+        run_train(tmp_path / "run", "trainer.max_stepz=3")
+    with pytest.raises(ConfigError, match="model=dcgan needs data.image_size >= 4"):
+        run_train(tmp_path / "run", "data.image_size=3")
+
+
+def test_cli_type_error_is_one_line_without_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={tmp_path}/run", "trainer.max_steps=abc"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    # All of stderr: no traceback, no warning, no line of Hydra's own.
+    assert out.stderr == ("error: trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to "
+                          "Integer\n")
+    assert not (tmp_path / "run").exists()
