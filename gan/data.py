@@ -131,14 +131,18 @@ def mnist_like_dataset(name: str, root: str, split: str, download: bool, image_s
     return TensorDataset(to_model_range(images, image_size), labels)
 
 
+CIFAR10_FOLDER = "cifar-10-batches-py"  # what torchvision's CIFAR10 looks for under its root
+
+
 def cifar10_dataset(root: str, split: str, download: bool, image_size: int) -> TensorDataset:
     from torchvision import datasets
 
+    root_path = Path(root).expanduser()
     try:
-        ds = datasets.CIFAR10(str(Path(root).expanduser()), train=split == "train", download=download)
-    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted..."
-        raise ConfigError(f"cifar10 not found under {root}: set data.root, or add data.download=true "
-                          f"({e})") from None
+        ds = datasets.CIFAR10(str(root_path), train=split == "train", download=download)
+    except RuntimeError:  # torchvision: "Dataset not found or corrupted..."
+        raise ConfigError(f"cifar10 not found (or incomplete) in {root_path / CIFAR10_FOLDER}: set data.root to "
+                          f"the folder that holds {CIFAR10_FOLDER}/, or add data.download=true") from None
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) uint8 -> NCHW
     return TensorDataset(to_model_range(images, image_size), torch.tensor(ds.targets, dtype=torch.long))
 
@@ -157,14 +161,18 @@ class ImageFolderDataset(Dataset):
             raise ConfigError(f"data.path={path} is not a directory: point it at a folder of images")
         if channels not in (1, 3):
             raise ConfigError(f"data.channels={channels}: use 1 (grayscale) or 3 (RGB)")
-        subfolders = sorted(p for p in root.iterdir() if p.is_dir())
-        if subfolders:
-            self.classes = [p.name for p in subfolders]
-            self.files = [(f, i) for i, d in enumerate(subfolders) for f in sorted(d.iterdir())
-                          if f.suffix.lower() in IMAGE_EXTENSIONS]
-        else:
-            self.classes = []
-            self.files = [(f, -1) for f in sorted(root.iterdir()) if f.suffix.lower() in IMAGE_EXTENSIONS]
+        try:
+            subfolders = sorted(p for p in root.iterdir() if p.is_dir())
+            if subfolders:
+                self.classes = [p.name for p in subfolders]
+                self.files = [(f, i) for i, d in enumerate(subfolders) for f in sorted(d.iterdir())
+                              if f.suffix.lower() in IMAGE_EXTENSIONS]
+            else:
+                self.classes = []
+                self.files = [(f, -1) for f in sorted(root.iterdir()) if f.suffix.lower() in IMAGE_EXTENSIONS]
+        except OSError as e:  # e.g. a folder without read permission
+            raise ConfigError(f"cannot read data.path={path} ({e.strerror}: {e.filename}): "
+                              "make it readable, or point data.path at another folder") from None
         if not self.files:
             raise ConfigError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in data.path={path}")
         self.image_size, self.mode = image_size, "L" if channels == 1 else "RGB"
@@ -180,14 +188,24 @@ class ImageFolderDataset(Dataset):
         return TensorDataset(images, torch.tensor([label for _, label in self.files], dtype=torch.long))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """Image ``index``, whatever its size and mode: converted to ``data.channels`` (grayscale or RGB),
+        centre-cropped to a square and resized to ``data.image_size``.
+
+        A file that cannot be decoded (truncated, corrupt, unreadable) stops the run with its name,
+        rather than being skipped: dropping it would change which image every later index is, and so
+        the data of every step -- an exact resume needs the same dataset.
+        """
         file, label = self.files[index]
-        with Image.open(file) as img:
-            img = img.convert(self.mode)
-            side = min(img.size)  # centre square crop, then resize: no distortion
-            left, top = (img.width - side) // 2, (img.height - side) // 2
-            img = img.crop((left, top, left + side, top + side)).resize(
-                (self.image_size, self.image_size), Image.BICUBIC)
-            array = np.asarray(img, dtype=np.uint8).reshape(self.image_size, self.image_size, -1)
+        try:
+            with Image.open(file) as img:
+                img = img.convert(self.mode)
+                side = min(img.size)  # centre square crop, then resize: no distortion
+                left, top = (img.width - side) // 2, (img.height - side) // 2
+                img = img.crop((left, top, left + side, top + side)).resize(
+                    (self.image_size, self.image_size), Image.BICUBIC)
+                array = np.asarray(img, dtype=np.uint8).reshape(self.image_size, self.image_size, -1)
+        except OSError as e:  # PIL's errors for corrupt and truncated files are OSErrors too
+            raise ConfigError(f"cannot decode image {file} ({e.strerror or e}): replace or delete it") from None
         x = torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 127.5 - 1.0
         return x, label
 
@@ -201,12 +219,18 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
     if is_point_data(name):
         # The test split is a fresh draw from the same mixture.
         return mixture_dataset(name, cfg["num_points"], cfg["std"], seed + (split == "test"))
-    if name == "digits":
-        return digits_dataset(cfg["image_size"])
-    if name in ("mnist", "fashion_mnist"):
-        return mnist_like_dataset(name, cfg["root"], split, cfg["download"], cfg["image_size"])
-    if name == "cifar10":
-        return cifar10_dataset(cfg["root"], split, cfg["download"], cfg["image_size"])
+    if name in ("digits", "mnist", "fashion_mnist", "cifar10"):
+        if name == "digits":
+            dataset = digits_dataset(cfg["image_size"])
+        elif name == "cifar10":
+            dataset = cifar10_dataset(cfg["root"], split, cfg["download"], cfg["image_size"])
+        else:
+            dataset = mnist_like_dataset(name, cfg["root"], split, cfg["download"], cfg["image_size"])
+        channels = dataset.tensors[0].shape[1]  # (a folder's images are converted to data.channels instead)
+        if channels != cfg["channels"]:
+            raise ConfigError(f"data={name} has {channels}-channel images and data.channels={cfg['channels']}: "
+                              f"set data.channels={channels}")
+        return dataset
     if name == "folder":
         folder = ImageFolderDataset(cfg["path"], cfg["image_size"], cfg["channels"])
         preload = cfg.get("preload", "auto")

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from gan.checkpoint import atomic_write
+from gan.checkpoint import atomic_write, mismatched, read_checkpoint
 from gan.data import build_dataset, is_point_data, mixture_means
 from gan.devices import resolve_device
 from gan.errors import ConfigError
@@ -52,20 +51,16 @@ def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
 
 def load_module(path: Path) -> GANModule:
     """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # unpickling a file that is no checkpoint can fail in almost any way
-        raise ConfigError(f"cannot rebuild a GAN from {path}: not a readable checkpoint "
-                          f"({type(e).__name__})") from None
-    if not isinstance(ckpt, dict) or "hyper_parameters" not in ckpt or "state_dict" not in ckpt:
-        raise ConfigError(f"cannot rebuild a GAN from {path}: not a train.py checkpoint")
+    ckpt = read_checkpoint(path, "ckpt")
     hp = ckpt["hyper_parameters"]
-    try:  # a checkpoint of an older version may lack a config key or hold other weights
+    try:  # a checkpoint of an older version may lack a config key
         module = GANModule(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
-        module.load_state_dict(ckpt["state_dict"])
-    except (KeyError, RuntimeError) as e:
-        raise ConfigError(f"cannot rebuild a GAN from {path}: {type(e).__name__} "
-                          f"{str(e).splitlines()[0]}") from None
+    except KeyError as e:
+        raise ConfigError(f"cannot rebuild a GAN from {path}: its config has no {e}") from None
+    problems = mismatched(module.state_dict(), ckpt["state_dict"])
+    if problems:  # weights that do not fit the networks its own config builds: written by another version
+        raise ConfigError(f"cannot rebuild a GAN from {path}: its weights do not fit its config ({problems})")
+    module.load_state_dict(ckpt["state_dict"])
     return module
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from gan import strategy  # registers trainer=ddp's strategy with Lightning
 from gan.audit import AutogradAudit
 from gan.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
-from gan.checkpoint import AtomicCheckpointIO
+from gan.checkpoint import AtomicCheckpointIO, mismatched, read_checkpoint
 from gan.data import GANDataModule, data_shape, is_point_data, mixture_means, num_classes
 from gan.errors import ConfigError, reported
 from gan.metrics import EvalSettings
@@ -136,6 +136,20 @@ class CheckBeforeWriting(Callback):
             check_writable(run_dir)
 
 
+def check_resumable(module: GANModule, ckpt_path: str) -> None:
+    """Refuse a checkpoint that cannot resume ``module``: no checkpoint, an unsafe one, or one of other networks.
+
+    The file is read here once more than Lightning reads it (weights_only, on the CPU): Lightning's
+    own errors for such files are tracebacks, and for other networks a list of every tensor.
+    """
+    problems = mismatched(module.state_dict(), read_checkpoint(ckpt_path, "ckpt_path")["state_dict"])
+    if problems:
+        overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
+        raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
+                          "resume with the overrides its run was trained with"
+                          + (f" ({overrides})" if overrides.is_file() else ""))
+
+
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module.
     ``extra_callbacks`` run before the project's own (e.g. a benchmark's clock)."""
@@ -152,6 +166,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     if cfg.model.conditional and classes == 0:
         raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
     module = GANModule(container, data_shape(container["data"]), classes)
+    if cfg.ckpt_path is not None:
+        check_resumable(module, cfg.ckpt_path)
 
     points = is_point_data(cfg.data.name)
     callbacks: list[L.Callback] = [

@@ -4,13 +4,17 @@ real main(), real files."""
 
 from __future__ import annotations
 
+import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_train
+import torch
+from conftest import ROOT, TINY, run_main, run_train
 from hydra.errors import HydraException
+from PIL import Image
 
 from gan.errors import ConfigError
 
@@ -101,3 +105,67 @@ def test_cli_type_error_is_one_line_without_traceback(tmp_path):
     assert out.stderr == ("error: trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to "
                           "Integer\n")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_corrupt_image_read_by_a_dataloader_worker_is_one_line(tmp_path, capsys):
+    """Decoded per step (preload=false) in a worker process, which sends the error back with its traceback."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(images / f"{i}.png")
+    (images / "2.png").write_bytes((images / "2.png").read_bytes()[:-30])  # truncated
+    assert run_train(tmp_path / "run", "data=folder", f"data.path={images}", "data.image_size=8",
+                     "data.preload=false", "data.num_workers=1") == 2
+    # Found while training: Lightning's own lines may come before it.
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: cannot decode image {images / '2.png'} (image file is truncated): replace or delete it")
+
+
+class Payload:
+    """Unpickling it calls open(marker, "w"): it creates the marker file, as any code could run instead."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_files_that_are_no_checkpoint_are_refused_by_train_and_evaluate(digits_run, tmp_path, capsys):
+    last = digits_run / "checkpoints" / "last.ckpt"
+    marker = tmp_path / "code_ran"
+    bad = {"truncated.ckpt": last.read_bytes()[: last.stat().st_size // 2],
+           "random.ckpt": random.Random(0).randbytes(4096)}  # seeded: other bytes fail in other ways
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+    torch.save({**torch.load(last, weights_only=True), "payload": Payload(marker)}, tmp_path / "unsafe.ckpt")
+    # The file is what it claims: loading it without weights_only runs its code.
+    torch.load(tmp_path / "unsafe.ckpt", weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+
+    unreadable = ("is not a readable checkpoint ({}: truncated, or no checkpoint): give another, e.g. a step_*.ckpt "
+                  "beside it")
+    expected = {"truncated.ckpt": unreadable.format("RuntimeError"),
+                "random.ckpt": unreadable.format("UnpicklingError"),
+                "unsafe.ckpt": "refused: it holds a pickled io.open, which loading it would call; load only "
+                               "checkpoints train.py wrote"}
+    run = shutil.copytree(digits_run, tmp_path / "evaluated")
+    for name, message in expected.items():
+        path = tmp_path / name
+        assert run_train(tmp_path / f"resumed_{name}", f"ckpt_path={path}") == 2
+        assert one_line(capsys) == f"error: ckpt_path={path} {message}"
+        assert run_main("evaluate", f"run_dir={run}", f"ckpt={path}") == 2
+        assert one_line(capsys) == f"error: ckpt={path} {message}"
+    assert not marker.exists()  # nothing in the file ran
+    assert not (run / "eval").exists()
+
+
+def test_a_checkpoint_of_other_networks_lists_the_mismatched_tensors(digits_run, tmp_path, capsys):
+    last = digits_run / "checkpoints" / "last.ckpt"
+    assert run_train(tmp_path / "run", f"ckpt_path={last}", "model.width=4") == 2
+    assert one_line(capsys) == (
+        f"error: ckpt_path={last} holds other networks than this config builds (G.net.1.weight (64, 16, 4, 4) in the "
+        "checkpoint, (64, 8, 4, 4) here; G.net.2.weight (16,) in the checkpoint, (8,) here; G.net.2.bias (16,) in the "
+        "checkpoint, (8,) here; 27 more): resume with the overrides its run was trained with "
+        f"({digits_run / '.hydra' / 'overrides.yaml'})")

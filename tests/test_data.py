@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import math
 import pickle
+import re
 import tarfile
 from pathlib import Path
 
@@ -117,9 +118,13 @@ def test_mnist_split_loads_from_its_own_two_files(tmp_path, gz):
     assert x.shape == (12, 1, 28, 28)
     assert torch.equal(y, torch.from_numpy(labels.astype(np.int64)))
     assert torch.allclose(x[3, 0], torch.from_numpy(images[3]).float() / 127.5 - 1)
-    # The train split's files are absent: a clear error naming what to set.
-    with pytest.raises(ConfigError, match="data.download=true"):
+    # The train split's files are absent: a clear error naming where they were looked for and what to set.
+    expected = f"not found under {tmp_path}/MNIST/raw or {tmp_path}/raw: .*data.download=true"
+    with pytest.raises(ConfigError, match=expected):
         build_dataset(mnist_cfg(tmp_path, split="train"), seed=0)
+    # MNIST is grayscale: an RGB model for it is refused, naming the setting that fits.
+    with pytest.raises(ConfigError, match="data=mnist has 1-channel images and data.channels=3: set data.channels=1"):
+        build_dataset(mnist_cfg(tmp_path) | {"channels": 3}, seed=0)
 
 
 def test_fashion_mnist_reads_its_own_folder_and_resizes(tmp_path):
@@ -190,7 +195,7 @@ def test_cifar10_through_torchvision_download_and_integrity_checks(tmp_path, mon
     assert x.shape == (20, 3, 32, 32) and y.tolist()[:3] == [0, 1, 2]
     x_test, _ = build_dataset(cfg | {"split": "test", "download": False}, seed=0).tensors
     assert x_test.shape == (4, 3, 32, 32)
-    with pytest.raises(ConfigError, match="data.download=true"):
+    with pytest.raises(ConfigError, match=f"in {tmp_path}/empty/cifar-10-batches-py: .*data.download=true"):
         build_dataset(cfg | {"root": str(tmp_path / "empty"), "download": False}, seed=0)
 
 
@@ -235,9 +240,44 @@ def test_folder_preload_decodes_once_into_the_same_tensors(tmp_path, monkeypatch
 def test_folder_errors_are_one_clear_line(tmp_path):
     with pytest.raises(ConfigError, match="not a directory"):
         ImageFolderDataset(str(tmp_path / "missing"), 8, 3)
+    (tmp_path / "file.png").write_bytes(b"")
+    with pytest.raises(ConfigError, match="not a directory"):
+        ImageFolderDataset(str(tmp_path / "file.png"), 8, 3)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no images"):
         ImageFolderDataset(str(tmp_path / "empty"), 8, 3)
+
+
+def test_folder_images_of_any_size_and_mode_are_converted(tmp_path):
+    """Sizes and channel counts differ from data.image_size / data.channels: each image is converted to
+    the channels asked for, centre-cropped and resized."""
+    for name, mode, size in [("rgba.png", "RGBA", (10, 30)), ("gray.png", "L", (64, 64)), ("palette.gif", "P", (7, 5)),
+                             ("rgb.jpg", "RGB", (3, 3))]:
+        Image.new(mode, size, 200).save(tmp_path / name)
+    for channels in (1, 3):
+        images, _ = build_dataset({"name": "folder", "path": str(tmp_path), "image_size": 8, "channels": channels,
+                                   "preload": True}, seed=0).tensors
+        assert images.shape == (4, channels, 8, 8)
+
+
+def test_a_corrupt_image_stops_with_its_name(tmp_path):
+    """Chosen: stop, naming the file (skipping it would change every later image's index, and so the data
+    of every step, which exact resume relies on)."""
+    write_png(tmp_path / "a.png", (16, 16), (255, 0, 0))
+    good = (tmp_path / "a.png").read_bytes()
+    cases = {"b.png": lambda p: p.write_bytes(good[: len(good) // 2]),  # truncated
+             "c.png": lambda p: p.write_bytes(bytes(range(256)) * 4),  # not an image
+             "d.png": lambda p: p.symlink_to(tmp_path / "gone.png")}  # unreadable: its target is gone
+    cfg = {"name": "folder", "path": str(tmp_path), "image_size": 8, "channels": 3}
+    for name, make in cases.items():
+        make(tmp_path / name)
+        message = rf"cannot decode image {re.escape(str(tmp_path / name))} \(.+\): replace or delete it"
+        with pytest.raises(ConfigError, match=message):  # preloaded: when the dataset is built
+            build_dataset(cfg | {"preload": True}, seed=0)
+        lazy = build_dataset(cfg | {"preload": False}, seed=0)
+        with pytest.raises(ConfigError, match=message):  # decoded per step: when the step reads it
+            lazy[[file for file, _ in lazy.files].index(tmp_path / name)]
+        (tmp_path / name).unlink()
 
 
 def test_step_sampler_is_a_function_of_seed_and_step():
