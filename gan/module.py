@@ -7,6 +7,8 @@ optimization), gradients cleared with ``set_to_none=True``.
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 from typing import Any
 
@@ -20,12 +22,14 @@ from gan import audit, step
 from gan.augment import build_augment
 from gan.contexts import evaluating
 from gan.data import is_point_data
-from gan.errors import ConfigError
+from gan.errors import ConfigError, RunError
 from gan.losses import get_loss, gradient_penalty
 from gan.models import balanced_labels, build_models, condition_input
 from gan.regularizers import R1, build_regularizer
 from gan.stats import EMAGenerator, RunningMean, StepCounters, broadcast_buffers
 from gan.timing import PhaseTimer
+
+log = logging.getLogger(__name__)
 
 
 class GANModule(L.LightningModule):
@@ -38,6 +42,7 @@ class GANModule(L.LightningModule):
         self.cfg, self.data_shape, self.num_classes = cfg, tuple(data_shape), num_classes
         self.z_dim, self.d_steps = cfg["train"]["z_dim"], cfg["train"]["d_steps"]
         self.audit = bool(cfg.get("audit", False))
+        self.skip_nonfinite = bool(cfg["train"].get("skip_nonfinite", False))  # absent from older runs' configs
         self.loss = get_loss(cfg["loss"]["name"])
         self.gp_weight = float(cfg["loss"].get("gp_weight", 0.0))
 
@@ -118,6 +123,8 @@ class GANModule(L.LightningModule):
                 "d/real_running": self.d_real_mean.value.item(), "d/fake_running": self.d_fake_mean.value.item(),
                 "grad_norm/g": grad_norm(self.G), "grad_norm/d": grad_norm(self.D),
                 **({"augment/p": self.augment.p.item()} if self.augment is not None else {}),
+                **({f"train/skipped_{n}": getattr(self.counters, f"skipped_{n}").item() for n in "dg"}
+                   if self.skip_nonfinite else {}),
             })
 
     def d_loss(self, real: Tensor, fake: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -139,14 +146,17 @@ class GANModule(L.LightningModule):
         penalty = self.reg.penalty(d_step, real, real_logits, fake_logits, scale)
         return (loss if penalty is None else loss + penalty), real_logits, fake_logits
 
-    def loss_scale(self) -> Tensor | None:
-        """float16 mixed precision (``trainer.precision=16-mixed``, GPUs): the GradScaler's current loss
-        scale as a device tensor, for the penalties' inner backward; None otherwise. Lightning's
-        precision plugin scales both optimizers' losses and steps them through the same scaler."""
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """float16 mixed precision (``trainer.precision=16-mixed``, GPUs): Lightning's GradScaler, which
+        scales both optimizers' losses and steps them; None otherwise."""
         scaler = getattr(self._trainer.precision_plugin, "scaler", None) if self._trainer else None
-        if scaler is None or not scaler.is_enabled():
-            return None
-        return scaler.scale(torch.ones((), device=self.device))  # multiplied on the device: no sync
+        return scaler if scaler is not None and scaler.is_enabled() else None
+
+    def loss_scale(self) -> Tensor | None:
+        """The GradScaler's current loss scale as a device tensor, for the penalties' inner backward; None
+        without one."""
+        scaler = self.grad_scaler()
+        return None if scaler is None else scaler.scale(torch.ones((), device=self.device))  # on the device: no sync
 
     def g_loss(self, fake: Tensor, y: Tensor | None) -> Tensor:
         """What G minimises: the adversarial loss on D's verdict about ``fake`` (D is frozen by the step)."""
@@ -189,6 +199,49 @@ class GANModule(L.LightningModule):
 
     def noise(self, n: int) -> Tensor:
         return torch.randn(n, self.z_dim, device=self.device)
+
+    # --- non-finite losses and gradients ---------------------------------------------------------
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        self.backward_loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """A non-finite loss or gradient never reaches the weights. Checked here, after each backward and
+        before its optimizer step (Lightning calls this hook in between): the run stops with a RunError
+        that names the generator step, the network and the phase (forward: the loss; backward: the
+        gradients), and the last checkpoint stays the last good state. With ``train.skip_nonfinite``
+        the update is skipped instead, and counted (``counters.skipped_d``, ``counters.skipped_g``)."""
+        finite = torch.isfinite(self.backward_loss)
+        scaler = self.grad_scaler()
+        # The gradients too: a finite loss can still give non-finite ones (an overflow in the backward,
+        # R1's inner backward), and under DDP they are all-reduced, the same on every rank, so every rank
+        # decides alike. Their norms in one fused call (as clip_grad_norm_ computes them): a non-finite
+        # element makes its tensor's norm non-finite. Not under float16's GradScaler: non-finite
+        # gradients are how it learns that its scale is too high, and it skips such a step itself.
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads and scaler is None:
+            finite = finite & torch.stack(torch._foreach_norm(grads)).isfinite().all()
+        # The check's one host-device sync (none on a CPU, where ops finish as they return): the host
+        # must know before the optimizer steps, as GradScaler must (it syncs once per step too).
+        ok = bool(finite.item())
+        if scaler is not None:  # each rank judged its own loss: all must agree (DDP; nothing on one device)
+            ok = self.trainer.strategy.reduce_boolean_decision(ok, all=True)
+        if ok:
+            return
+        network = "G" if optimizer is self.trainer.optimizers[0] else "D"  # configure_optimizers' order
+        step, update = self.counters.g + 1, self.counters.d - self.counters.g * self.d_steps + 1
+        where = f"generator step {step}, {network} update" + (f" {update} of {self.d_steps}" if network == "D"
+                                                                and self.d_steps > 1 else "")
+        loss = self.backward_loss.item()
+        what = (f"the loss is {loss} (forward)" if not math.isfinite(loss)
+                else f"the gradients are not finite, the loss is {loss:.4g} (backward)")
+        if not self.skip_nonfinite:
+            raise RunError(f"{where}: {what}; stopped before that update, so the last checkpoint holds the last "
+                           "good state: resume from it with lower learning rates (optim.d.lr, optim.g.lr) or a "
+                           "regularizer (e.g. reg=r1), or set train.skip_nonfinite=true to skip such updates")
+        optimizer.zero_grad(set_to_none=True)  # torch's optimizers step no parameter that has no gradient
+        self.counters.count_skipped(network)
+        log.warning(f"skipped {where}: {what} (train.skip_nonfinite)")
 
     # --- sampling --------------------------------------------------------------------------------
 

@@ -110,6 +110,7 @@ class Train:
     d_steps: int = MISSING
     channels_last: bool = MISSING
     compile: bool = MISSING
+    skip_nonfinite: bool = MISSING
 
 
 @dataclass

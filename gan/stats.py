@@ -47,7 +47,8 @@ def broadcast_buffers(*modules: nn.Module) -> None:
 
 
 class StepCounters(nn.Module):
-    """Generator updates, discriminator updates and real images seen.
+    """Generator updates, discriminator updates and real images seen; and the updates of each network
+    skipped for a non-finite loss or gradient (``train.skip_nonfinite``; those count as updates too).
 
     Buffers rather than Python ints so they travel inside ``state_dict()`` with the weights they
     describe; Lightning's ``global_step`` counts every optimizer step (G and D alike), so it cannot say
@@ -63,6 +64,8 @@ class StepCounters(nn.Module):
         self.register_buffer("g_steps", torch.zeros((), dtype=torch.long))
         self.register_buffer("d_steps", torch.zeros((), dtype=torch.long))
         self.register_buffer("images_seen", torch.zeros((), dtype=torch.long))
+        self.register_buffer("skipped_g", torch.zeros((), dtype=torch.long))
+        self.register_buffer("skipped_d", torch.zeros((), dtype=torch.long))
         self.g, self.d = 0, 0
         self.register_load_state_dict_post_hook(StepCounters.after_load)
 
@@ -78,6 +81,10 @@ class StepCounters(nn.Module):
         self.g += 1
         self.g_steps.fill_(self.g)
         self.images_seen += images
+
+    def count_skipped(self, network: str) -> None:
+        """One more update of ``network`` ("G" or "D") skipped."""
+        getattr(self, f"skipped_{network.lower()}").add_(1)
 
 
 class RunningMean(nn.Module):

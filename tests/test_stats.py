@@ -24,7 +24,8 @@ def build(*overrides: str) -> GANModule:
 def test_every_buffer_is_saved_and_never_optimized():
     module = build()
     buffers = dict(module.named_buffers())
-    expected = {"counters.g_steps", "counters.d_steps", "counters.images_seen", "d_real_mean.value",
+    expected = {"counters.g_steps", "counters.d_steps", "counters.images_seen", "counters.skipped_g",
+                "counters.skipped_d", "d_real_mean.value",
                 "d_fake_mean.value", "augment.p", "augment.sign_sum", "sample_noise", "sample_labels",
                 "ema.num_updates"}
     assert expected <= set(buffers)
@@ -46,8 +47,8 @@ def test_every_buffer_is_saved_and_never_optimized():
 def test_buffers_follow_to():
     module = build().to(torch.float64)
     for name, buffer in module.named_buffers():
-        if name.endswith(("g_steps", "d_steps", "images_seen", "count", "sign_count", "num_updates",
-                          "sample_labels", "num_batches_tracked")):
+        if name.endswith(("g_steps", "d_steps", "images_seen", "skipped_g", "skipped_d", "count", "sign_count",
+                          "num_updates", "sample_labels", "num_batches_tracked")):
             assert buffer.dtype == torch.int64, name  # integer counters stay integers
         else:
             assert buffer.dtype == torch.float64, name
@@ -72,7 +73,7 @@ def test_buffers_survive_save_and_load():
 
 def test_counters_start_at_zero():
     counters = StepCounters()
-    assert [int(b) for b in counters.buffers()] == [0, 0, 0]
+    assert [int(b) for b in counters.buffers()] == [0, 0, 0, 0, 0]
 
 
 def test_running_mean_starts_at_first_value_then_decays():
@@ -104,8 +105,9 @@ def test_counter_mirrors_follow_counting_and_loading():
     counters = StepCounters()
     counters.count_d_step()
     counters.count_g_step(images=16)
+    counters.count_skipped("D")
     assert (counters.g, counters.d) == (1, 1)
-    assert [int(b) for b in counters.buffers()] == [1, 1, 16]
+    assert [int(b) for b in counters.buffers()] == [1, 1, 16, 0, 1]
     fresh = StepCounters()
     fresh.load_state_dict(counters.state_dict())  # as Lightning does when it resumes
     assert (fresh.g, fresh.d) == (1, 1)

@@ -110,24 +110,30 @@ def fit_on_gpu(tmp_path, steps: int, callbacks: list, *overrides: str):
 
 
 @needs_cuda
-@pytest.mark.parametrize("overrides", [(), ("augment=ada",), ("experiment=ring",)])
-def test_no_host_device_sync_inside_a_training_step(tmp_path, overrides):
-    """A training step on CUDA never makes the host wait for the device (torch raises on any sync
-    while the debug mode is "error"), augmentation and R1 included."""
+@pytest.mark.parametrize("overrides", [(), ("augment=ada",), ("experiment=ring",), ("loss=wgan_gp",)])
+def test_the_only_host_device_syncs_inside_a_training_step_are_the_nonfinite_checks(tmp_path, overrides):
+    """A training step on CUDA makes the host wait for the device once per optimizer step, and nowhere else:
+    the non-finite check must know before the optimizer steps (GANModule.on_before_optimizer_step). While
+    the debug mode is "warn", torch warns of every sync; augmentation, R1 and the gradient penalty included."""
+    import warnings
+
     import lightning as L
 
     class SyncDebug(L.Callback):
         def on_train_batch_start(self, *args):
-            torch.cuda.set_sync_debug_mode("error")
+            torch.cuda.set_sync_debug_mode("warn")
 
         def on_train_batch_end(self, *args):
             torch.cuda.set_sync_debug_mode("default")
 
     try:
-        module = fit_on_gpu(tmp_path, 4, [SyncDebug()], *overrides)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = fit_on_gpu(tmp_path, 4, [SyncDebug()], *overrides)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert module.counters.g == 4
+    syncs = [w for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
+    assert module.counters.g == 4 and len(syncs) == 4 * (module.d_steps + 1)
 
 
 @needs_cuda
