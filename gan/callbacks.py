@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
+import threading
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,16 +39,23 @@ PERIODIC = re.compile(r"step_(\d+)\.ckpt")
 
 class GeneratorStepCheckpoint(L.Callback):
     """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, of which the newest ``keep`` stay
-    (0: all); ``last.ckpt`` then and at the end.
+    (0: all); ``last.ckpt`` then, at the end, and when Ctrl-C stops the run.
 
     Written here rather than with Lightning's ModelCheckpoint, which counts Lightning's global step
     (every optimizer step, G and D alike) and, once a periodic checkpoint exists, does not write
     ``last.ckpt`` at the end of training.
+
+    Ctrl-C (SIGINT) stops the run at the end of the generator step it lands in, and saves that step:
+    ``interrupted`` says so afterwards. Lightning's own handling raises KeyboardInterrupt wherever the
+    signal lands -- between D's update and G's, or inside an optimizer's step -- and saves nothing: a
+    checkpoint taken there would not resume exactly. A second Ctrl-C stops at once, in Lightning's way.
     """
 
     def __init__(self, directory: Path, every: int, keep: int):
         self.directory, self.every, self.keep = Path(directory), every, keep
         self.saved_step = -1
+        self.stop_requested = self.interrupted = False
+        self.previous_handler: Any = None
 
     def save(self, trainer: L.Trainer, step: int, periodic: bool) -> None:
         # weights_only=False: the full training state (optimizers, loops), needed to resume.
@@ -69,15 +78,38 @@ class GeneratorStepCheckpoint(L.Callback):
         for old in sorted(s for s in periodic if s <= step)[:-self.keep]:
             periodic[old].unlink(missing_ok=True)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: GANModule) -> None:
+        if threading.current_thread() is threading.main_thread():  # the only thread signal handlers run in
+            self.previous_handler = signal.signal(signal.SIGINT, self.request_stop)
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_requested = True
+        self.restore_handler()  # the next Ctrl-C raises KeyboardInterrupt
+        log.warning("Ctrl-C: the run stops at the end of this generator step, with a checkpoint "
+                    "(Ctrl-C again stops it at once, without)")
+
+    def restore_handler(self) -> None:
+        if self.previous_handler is not None:
+            signal.signal(signal.SIGINT, self.previous_handler)
+            self.previous_handler = None
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
         step = pl_module.counters.g
-        if step % self.every == 0:
-            self.save(trainer, step, periodic=True)
+        # Every rank stops at the same step: under DDP a one-number all-reduce per step; nothing on one device.
+        stop = trainer.strategy.reduce_boolean_decision(self.stop_requested, all=False)
+        if step % self.every == 0 or stop:
+            self.save(trainer, step, periodic=step % self.every == 0)
+        if stop:
+            self.interrupted = trainer.should_stop = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: GANModule) -> None:
+        self.restore_handler()
         step = pl_module.counters.g
         if step != self.saved_step:
             self.save(trainer, step, periodic=False)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: GANModule, exception: BaseException) -> None:
+        self.restore_handler()
 
 
 class SampleLogger(L.Callback):

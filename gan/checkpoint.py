@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from gan.errors import ConfigError
+from gan.errors import ConfigError, RunError
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
@@ -21,17 +21,21 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     A rename within one directory is atomic, so a process killed at any moment leaves either the old
     file or the new one, never a truncated one; fsync first, or after a crash of the machine the
     rename could be on disk before the bytes it names. A failed ``write`` leaves the old file and no
-    temporary behind. Creates the parent directory.
+    temporary behind; a full disk or an unwritable directory is a RunError that says so. Creates the
+    parent directory.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
+    except OSError as e:  # ENOSPC, EACCES, EROFS, ...
+        raise RunError(f"cannot write {path} ({e.strerror or e}): free disk space or choose a writable directory; "
+                       f"the previous {path.name}, if there was one, is unchanged") from e
     finally:
         temporary.unlink(missing_ok=True)
 

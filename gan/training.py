@@ -21,7 +21,7 @@ from gan.audit import AutogradAudit
 from gan.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
 from gan.checkpoint import AtomicCheckpointIO, mismatched, read_checkpoint
 from gan.data import GANDataModule, data_shape, is_point_data, mixture_means, num_classes
-from gan.errors import ConfigError, reported
+from gan.errors import ConfigError, Interrupted, reported
 from gan.metrics import EvalSettings
 from gan.module import GANModule
 from gan.schema import TrainConfig, conform
@@ -170,9 +170,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         check_resumable(module, cfg.ckpt_path)
 
     points = is_point_data(cfg.data.name)
+    checkpoints = GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep)
     callbacks: list[L.Callback] = [
         *extra_callbacks,
-        GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep),
+        checkpoints,
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
                      real_points_for_plot(datamodule.dataset) if points else None,
                      mixture_means(cfg.data.name) if points else None),
@@ -208,11 +209,15 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
     if trainer.is_global_zero:
-        log_summary(trainer, module, run_dir)
+        log_summary(trainer, module, run_dir, checkpoints.interrupted)
+    if checkpoints.interrupted:
+        last = run_dir / "checkpoints" / "last.ckpt"
+        raise Interrupted(f"stopped by Ctrl-C at generator step {module.counters.g}, saved in {last}: resume with "
+                          f"the same overrides and ckpt_path={last}")
     return module
 
 
-def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path) -> None:
+def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path, interrupted: bool = False) -> None:
     """What the run did and where to look next: on the console and in the run's log file (train.log)."""
     step, every = module.counters.g, module.cfg["log"]["every"]
     losses = [f"{name} {float(trainer.callback_metrics[name]):.4g}" for name in ("loss/d", "loss/g")
@@ -220,6 +225,7 @@ def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path) -> None:
     # The module logs losses every log.every generator steps: the last values are from the last such step.
     final = (f"final losses {', '.join(losses)} (generator step {step - step % every})" if losses
              else f"no losses logged (log.every={every})")
-    log.info(f"Run finished: {step} generator steps in {run_dir}; {final}")
+    log.info(f"Run {'stopped by Ctrl-C after' if interrupted else 'finished:'} {step} generator steps in {run_dir}; "
+             f"{final}")
     log.info(f"  curves and samples: tensorboard --logdir {run_dir / 'tensorboard'}")
     log.info(f"  metrics:            python evaluate.py run_dir={run_dir}")

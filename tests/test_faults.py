@@ -1,16 +1,23 @@
-"""Divergence: a non-finite loss or gradient stops the run, or, with train.skip_nonfinite, skips that update.
-Real runs, real checkpoints."""
+"""Divergence and faults: a non-finite loss or gradient, Ctrl-C, a full disk. Real runs, real checkpoints, real
+processes; the full disk is the one thing simulated. (SIGKILL at any moment: tests/test_resume.py.)"""
 
 from __future__ import annotations
 
+import errno
+import io
 import math
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import lightning as L
 import pytest
 import torch
-from conftest import TINY, compose_config, read_events, run_train
+from conftest import ROOT, TINY, compose_config, read_events, run_train
 
+import gan.checkpoint
 from gan.errors import RunError
 from gan.training import train
 
@@ -77,3 +84,53 @@ def test_skipped_updates_are_counted_per_network_and_survive_resume(tmp_path):
     assert counts["second"] == counts["straight"]  # and counted on from there
     logged = read_events(tmp_path / "second" / "tensorboard").Scalars("train/skipped_d")
     assert [e.step for e in logged] == [4, 5, 6] and logged[-1].value == counts["straight"][0]
+
+
+def test_ctrl_c_saves_the_step_it_lands_in_and_the_run_resumes_from_it(tmp_path):
+    run = tmp_path / "run"
+    command = [sys.executable, "train.py", *TINY, f"hydra.run.dir={run}", "trainer.max_steps=100000",
+               "checkpoint.every=4", "log.sample_every=1000"]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (run / "checkpoints" / "step_000004.ckpt").exists():
+        assert proc.poll() is None and time.time() < deadline, "training did not reach step 4"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    last = run / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)["state_dict"]
+    step = int(saved["counters.g_steps"])
+    assert step >= 4 and int(saved["counters.d_steps"]) == step  # a whole generator step: D's update and G's
+    assert err.strip().splitlines()[-1] == (f"stopped by Ctrl-C at generator step {step}, saved in {last}: resume "
+                                            f"with the same overrides and ckpt_path={last}")
+    assert run_train(run, f"ckpt_path={last}", f"trainer.max_steps={step + 2}", "checkpoint.every=4") == 0
+    assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_steps"]) == step + 2
+
+
+class FullDisk(io.FileIO):
+    def write(self, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+    """The one simulated fault: no disk can be filled here. The disk fills after step 3's checkpoints
+    (step_000003.ckpt, last.ckpt): from then on, writing a checkpoint file fails as the kernel would make it."""
+    checkpoints_written = []
+
+    def open_on_a_filling_disk(path, mode="r", *args, **kwargs):
+        if ".ckpt." in path.name:  # atomic_write's temporary file of a checkpoint
+            checkpoints_written.append(path)
+            if len(checkpoints_written) > 2:
+                return FullDisk(path, mode)
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(gan.checkpoint, "open", open_on_a_filling_disk, raising=False)
+    run = tmp_path / "run"
+    assert run_train(run, "checkpoint.every=3") == 1
+    step_6 = run / "checkpoints" / "step_000006.ckpt"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: cannot write {step_6} (No space left on device): free disk space or choose a writable directory; "
+        "the previous step_000006.ckpt, if there was one, is unchanged")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step_000003.ckpt"]  # no temporary
+    assert int(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]["counters.g_steps"]) == 3
