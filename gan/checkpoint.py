@@ -70,7 +70,15 @@ def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
                           "checkpoint): give another, e.g. a step_*.ckpt beside it") from None
     if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
         raise ConfigError(f"{key}={path} is not a train.py checkpoint (it has no state_dict and hyper_parameters)")
+    upgrade(checkpoint)
     return checkpoint
+
+
+def upgrade(checkpoint: dict[str, Any]) -> None:
+    """A checkpoint written before the skipped-update counters existed skipped no update: zeros, so that
+    older runs still resume and evaluate."""
+    for name in ("counters.skipped_g", "counters.skipped_d"):
+        checkpoint["state_dict"].setdefault(name, torch.zeros((), dtype=torch.long))
 
 
 def mismatched(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], listed: int = 3) -> str:

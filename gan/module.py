@@ -20,6 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from gan import audit, step
 from gan.augment import build_augment
+from gan.checkpoint import upgrade
 from gan.contexts import evaluating
 from gan.data import is_point_data
 from gan.errors import ConfigError, RunError
@@ -309,6 +310,7 @@ class GANModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        upgrade(checkpoint)  # Lightning loads the state dict after this hook
         # Applied at the first batch, not now: Lightning draws random numbers while it sets up.
         self._pending_rng = checkpoint.get("rng")
 

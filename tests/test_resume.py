@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_train
+from conftest import ROOT, TINY, run_main, run_train
 
 from gan.callbacks import GeneratorStepCheckpoint
 from gan.checkpoint import AtomicCheckpointIO
@@ -137,3 +137,17 @@ def test_killed_training_run_resumes_from_its_last_checkpoint(tmp_path):
     assert run_train(run_dir, f"ckpt_path={last}", f"trainer.max_steps={saved + 2}", "checkpoint.every=4") == 0
     resumed = torch.load(last, weights_only=True)
     assert int(resumed["state_dict"]["counters.g_steps"]) == saved + 2
+
+
+def test_a_checkpoint_from_before_the_skip_counters_resumes_and_evaluates(ring_run, tmp_path):
+    """Checkpoints written before counters.skipped_d / skipped_g existed: read as having skipped nothing."""
+    old = torch.load(ring_run / "checkpoints" / "last.ckpt", weights_only=True)
+    for name in ("counters.skipped_g", "counters.skipped_d"):
+        del old["state_dict"][name]
+    torch.save(old, tmp_path / "old.ckpt")
+    assert run_train(tmp_path / "resumed", "data=ring", "model=mlp", "loss=hinge", "log.every=2",
+                     f"ckpt_path={tmp_path / 'old.ckpt'}", "trainer.max_steps=8") == 0
+    resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert int(resumed["counters.g_steps"]) == 8 and int(resumed["counters.skipped_d"]) == 0
+    assert run_main("evaluate", f"run_dir={tmp_path / 'resumed'}", f"ckpt={tmp_path / 'old.ckpt'}",
+                    "num_samples=100") == 0
