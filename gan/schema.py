@@ -89,6 +89,7 @@ class Optimizer:
 class Optim:
     g: Optimizer = field(default_factory=Optimizer)
     d: Optimizer = field(default_factory=Optimizer)
+    decay: str = MISSING  # constant or linear
 
 
 @dataclass
