@@ -145,7 +145,7 @@ def test_a_checkpoint_from_before_the_skip_counters_resumes_and_evaluates(ring_r
     for name in ("counters.skipped_g", "counters.skipped_d"):
         del old["state_dict"][name]
     torch.save(old, tmp_path / "old.ckpt")
-    assert run_train(tmp_path / "resumed", "data=ring", "model=mlp", "loss=hinge", "log.every=2",
+    assert run_train(tmp_path / "resumed", "experiment=ring", "loss=hinge", "log.every=2",
                      f"ckpt_path={tmp_path / 'old.ckpt'}", "trainer.max_steps=8") == 0
     resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert int(resumed["counters.g_steps"]) == 8 and int(resumed["counters.skipped_d"]) == 0
