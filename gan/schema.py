@@ -102,6 +102,7 @@ class Trainer:
     precision: str = MISSING
     enable_progress_bar: bool = MISSING
     profiler: str | None = MISSING
+    sync_batchnorm: bool = MISSING  # trainer=ddp
 
 
 @dataclass
