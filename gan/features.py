@@ -18,7 +18,7 @@ dataset's, so those spaces have no class head, and conditional runs get per-clas
 class accuracy.
 
 A trained classifier is the identity of its feature space -- FIDs are comparable only within one -- so
-it is trained once per dataset and image size with a fixed seed, and cached on disk next to a SHA-256
+it is trained once per dataset, image size and number of steps with a fixed seed, and cached on disk next to a SHA-256
 checksum in ``sha256sum`` format. A file that fails its checksum is an error, not a silent retrain: a
 retrained classifier is a new feature space, and numbers measured before would no longer compare.
 """
