@@ -75,8 +75,8 @@ def evaluate(run_dir: Path, num_samples: int) -> tuple[dict[str, Any], EvalSetti
     return evaluate_run(cfg), EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
 
 
-def references(run_dir: Path, settings: EvalSettings) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(real-data floor, untrained generator), in the feature space evaluate.py used for the run.
+def references(run_dir: Path, settings: EvalSettings) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(real-data floor, untrained generator, images in each half), in evaluate.py's feature space for the run.
 
     The floor compares the first half of a seeded shuffle of the real images with the second half
     (5,000 against 5,000 out of 10,000): the score a perfect generator would get from a sample of
@@ -96,7 +96,7 @@ def references(run_dir: Path, settings: EvalSettings) -> tuple[dict[str, Any], d
     L.seed_everything(cfg["seed"], verbose=False)
     untrained = GANModule(cfg, data_shape(cfg["data"]), module.num_classes)
     _, step0 = sample_and_score(untrained, metrics, settings, seed=0)
-    return floor, step0
+    return floor, step0, len(second)
 
 
 def table(rows: dict[str, dict[str, Any]], floor_fid: float) -> str:
@@ -142,8 +142,7 @@ def benchmark(name: str, root: str, split: str, run_dir: Path | None, num_sample
         run_dir = ROOT / "outputs" / "benchmarks" / f"{name}-{split}-{time.strftime('%Y%m%d-%H%M%S')}"
         wall = train_preset(name, root, split, run_dir)
     trained, settings = evaluate(run_dir, num_samples)
-    floor, step0 = references(run_dir, settings)
-    half = settings.num_real // 2
+    floor, step0, half = references(run_dir, settings)
     rows = {f"real data, two halves ({half:,} vs {half:,}): the floor": floor,
             "untrained generator (step 0)": step0,
             f"`experiment={name}`, EMA generator, step {trained['step']:,}": trained}
