@@ -80,6 +80,19 @@ def choose_generator(module: GANModule, ema: bool) -> tuple[str, str]:
     return generator, "metrics_G" if had_ema and generator == "G" else "metrics"
 
 
+def with_run_classifier_steps(cfg: DictConfig, run_cfg: dict[str, Any]) -> DictConfig:
+    """evaluate.py's settings, with ``classifier_steps=null`` (evaluate.yaml's default) replaced by the
+    run's own ``eval.classifier_steps``: a run is scored in the feature space its recipe chose (the MNIST
+    preset trains its classifier longer than the default), unless the command line names another."""
+    if cfg.classifier_steps is not None:
+        return cfg
+    steps = run_cfg.get("eval", {}).get("classifier_steps")
+    if steps is None:
+        raise ConfigError("the run's config has no eval.classifier_steps (an older run): pass classifier_steps=<N> "
+                          "(the default of configs/eval/default.yaml is the one older runs used)")
+    return OmegaConf.merge(cfg, {"classifier_steps": steps})
+
+
 def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard.
 
@@ -87,11 +100,11 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     """
     cfg = conform(cfg, EvaluateConfig)
     run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
-    settings = EvalSettings.from_config(cfg)
     device = resolve_device(cfg.device)
     module = load_module(ckpt_path).to(device)
-    generator, tag = choose_generator(module, cfg.ema)
     run_cfg = module.cfg
+    settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
+    generator, tag = choose_generator(module, cfg.ema)
     dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
     metrics = build_metrics(run_cfg["data"], dataset, settings, device)
     samples, values = sample_and_score(module, metrics, settings, cfg.seed)

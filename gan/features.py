@@ -18,7 +18,7 @@ dataset's, so those spaces have no class head, and conditional runs get per-clas
 class accuracy.
 
 A trained classifier is the identity of its feature space -- FIDs are comparable only within one -- so
-it is trained once per dataset and image size with a fixed seed, and cached on disk next to a SHA-256
+it is trained once per dataset, image size and number of steps with a fixed seed, and cached on disk next to a SHA-256
 checksum in ``sha256sum`` format. A file that fails its checksum is an error, not a silent retrain: a
 retrained classifier is a new feature space, and numbers measured before would no longer compare.
 """
@@ -151,11 +151,12 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
                         steps: int = 500) -> FeatureExtractor:
     """The ``classifier`` (``labels`` given) or ``rotation`` (``labels=None``) feature space, cached.
 
-    ``images`` are real training images in [-1, 1]. The cache file is named after the task, the data
-    and the image shape, so every run on that data shares one feature space.
+    ``images`` are real training images in [-1, 1]. The cache file is named after the task, the data,
+    the image shape and the training steps, so every run on that data shares one feature space, and a
+    classifier trained for another number of steps (another network) never answers for this one.
     """
     channels, height, width = images.shape[1:]
-    path = Path(cache_dir).expanduser() / f"{kind}-{data_id}-{channels}x{height}x{width}.pt"
+    path = Path(cache_dir).expanduser() / f"{kind}-{data_id}-{channels}x{height}x{width}-{steps}steps.pt"
     if path.exists():
         saved = read_verified(path)
         net = ConvClassifier(channels, width, saved["num_classes"], saved["width"])

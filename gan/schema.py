@@ -145,10 +145,11 @@ class Checkpoint:
 
 def measuring(name: str, *extra: tuple[str, type]) -> type:
     """A schema with the fields of gan.metrics.EvalSettings, which types what the metrics measure once
-    (train.yaml's ``eval`` section, evaluate.yaml's top level), and the ``extra`` ones."""
+    (train.yaml's ``eval`` section, evaluate.yaml's top level), and the ``extra`` ones (which may retype
+    one of them)."""
     hints = get_type_hints(EvalSettings)
-    keys = [*((f.name, hints[f.name]) for f in fields(EvalSettings)), *extra]
-    return make_dataclass(name, [(key, kind, field(default=MISSING)) for key, kind in keys])
+    keys = {**{f.name: hints[f.name] for f in fields(EvalSettings)}, **dict(extra)}
+    return make_dataclass(name, [(key, kind, field(default=MISSING)) for key, kind in keys.items()])
 
 
 Eval = measuring("Eval", ("every", int))
@@ -183,8 +184,9 @@ class TrainConfig:
 
 
 # configs/evaluate.yaml: what to measure, at the top level, and which run.
+# classifier_steps may be null there: the run's own eval.classifier_steps (gan.evaluation).
 EvaluateConfig = measuring("EvaluateConfig", ("run_dir", str), ("ckpt", str | None), ("seed", int), ("ema", bool),
-                           ("device", str))
+                           ("device", str), ("classifier_steps", int | None))
 
 
 def conform(cfg: DictConfig, schema: type) -> DictConfig:

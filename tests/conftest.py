@@ -37,11 +37,15 @@ def compose_config(*overrides: str, run_dir: Path | None = None) -> DictConfig:
 
 
 def eval_settings(*overrides: str) -> EvalSettings:
-    """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes them (e.g. "num_samples=50")."""
-    from gan.metrics import EvalSettings  # here: importing the package at conftest load slows every test run
+    """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes them (e.g. "num_samples=50")
+    for a run of the default recipe (whose eval.classifier_steps evaluate.py's null default takes)."""
+    from gan.evaluation import with_run_classifier_steps  # here: importing the package at conftest load
+    from gan.metrics import EvalSettings  # slows every test run
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return EvalSettings.from_config(compose(config_name="evaluate", overrides=list(overrides)))
+        cfg = compose(config_name="evaluate", overrides=list(overrides))
+    run_cfg = {"eval": {"classifier_steps": compose_config().eval.classifier_steps}}
+    return EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
 
 
 def run_main(script: str, *args: str) -> int:

@@ -168,11 +168,11 @@ def digits(image_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
 def test_digits_classifier_reaches_95_percent_and_is_cached_with_checksum(feature_cache):
     images, labels = digits()
     extractor = classifier_features("classifier", "digits", images, labels, str(feature_cache))
-    path = feature_cache / "classifier-digits-1x16x16.pt"
+    path = feature_cache / "classifier-digits-1x16x16-500steps.pt"
     accuracy = read_verified(path)["accuracy"]
     print(f"digits classifier test accuracy: {accuracy:.2%}")
     assert accuracy >= 0.95
-    assert (feature_cache / "classifier-digits-1x16x16.pt.sha256").read_text().endswith(f"  {path.name}\n")
+    assert (feature_cache / "classifier-digits-1x16x16-500steps.pt.sha256").read_text().endswith(f"  {path.name}\n")
     assert not list(feature_cache.glob(".*"))  # written atomically: no temporary file left behind
     with torch.no_grad():
         features = extractor(images[:10])
@@ -187,15 +187,15 @@ def test_digits_classifier_reaches_95_percent_and_is_cached_with_checksum(featur
 def test_corrupted_or_unverified_cache_is_refused(feature_cache, tmp_path):
     images, labels = digits()
     classifier_features("classifier", "digits", images, labels, str(feature_cache))  # trained or cached
-    for name in ("classifier-digits-1x16x16.pt", "classifier-digits-1x16x16.pt.sha256"):
+    for name in ("classifier-digits-1x16x16-500steps.pt", "classifier-digits-1x16x16-500steps.pt.sha256"):
         shutil.copy(feature_cache / name, tmp_path / name)
-    cached = tmp_path / "classifier-digits-1x16x16.pt"
+    cached = tmp_path / "classifier-digits-1x16x16-500steps.pt"
     data = bytearray(cached.read_bytes())
     data[len(data) // 2] ^= 0xFF
     cached.write_bytes(bytes(data))
     with pytest.raises(ConfigError, match="does not match its checksum.*delete both files"):
         classifier_features("classifier", "digits", images, labels, str(tmp_path))
-    (tmp_path / "classifier-digits-1x16x16.pt.sha256").unlink()
+    (tmp_path / "classifier-digits-1x16x16-500steps.pt.sha256").unlink()
     with pytest.raises(ConfigError, match="checksum"):
         classifier_features("classifier", "digits", images, labels, str(tmp_path))
 
@@ -207,7 +207,7 @@ def test_unlabelled_images_default_to_rotation_features(tmp_path):
     settings = eval_settings("num_samples=50", f"cache_dir={tmp_path / 'cache'}", "classifier_steps=150")
     metrics = build_metrics(data_cfg, unlabelled, settings)
     assert metrics.extractor.name == "rotation"
-    accuracy = read_verified(next((tmp_path / "cache").glob("rotation-folder-*-1x8x8.pt")))["accuracy"]
+    accuracy = read_verified(next((tmp_path / "cache").glob("rotation-folder-*-1x8x8-150steps.pt")))["accuracy"]
     print(f"digits rotation task test accuracy: {accuracy:.2%}")
     assert accuracy > 0.6  # chance is 25 %; a 0, 1 or 8 looks much the same upside down
     result = metrics.score(quantize(images[:50]))
