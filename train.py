@@ -1,4 +1,4 @@
-"""Train a GAN: `python train.py [hydra overrides]`, e.g. `python train.py data=ring model=mlp`."""
+"""Train a GAN: `python train.py [hydra overrides]`, e.g. `python train.py experiment=ring seed=3`."""
 
 from pathlib import Path
 
