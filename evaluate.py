@@ -3,8 +3,8 @@
 
 from pathlib import Path
 
-from gan.errors import entry_point
-from gan.evaluation import evaluate_run
+from gan.cli import entry_point
+from gan.evaluation.app import evaluate_run
 
 # Hydra composes configs/evaluate.yaml with the command line's overrides and calls evaluate_run(cfg); bad
 # input ends with one line on stderr. An absolute path: the configs are found however evaluate.py is run.

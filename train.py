@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from gan.errors import entry_point
-from gan.training import train
+from gan.cli import entry_point
+from gan.training.builder import train
 
 # Hydra composes configs/train.yaml with the command line's overrides and calls train(cfg); bad input
 # ends with one line on stderr. An absolute path: the configs are found however train.py is run.

@@ -19,9 +19,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from gan.audit import AutogradAudit
-from gan.data import GANDataModule, data_shape
-from gan.module import GANModule
+from gan.data.datasets import data_shape
+from gan.data.module import GANDataModule
+from gan.training.audit import AutogradAudit
+from gan.training.module import GANModule
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

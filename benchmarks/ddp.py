@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/ddp.py [--rounds 7] [--steps 40] [hydra overrides...]
 
-``ddp_separate`` (trainer=ddp: G and D in a DistributedDataParallel each, gan/strategy.py; each of the
+``ddp_separate`` (trainer=ddp: G and D in a DistributedDataParallel each, gan/training/strategy.py; each of the
 step's two backwards all-reduces one network's gradients) against ``ddp_find_unused_parameters_true``
 (trainer=ddp_find_unused: the whole module in one, which at every backward searches the autograd graph
 for the parameters it will not reach and all-reduces both networks' gradients, zeros for those).
@@ -36,7 +36,7 @@ import lightning as L
 import torch
 from step import WARMUP, compose_train, median_after_warmup
 
-from gan.training import train
+from gan.training.builder import train
 
 STRATEGIES = {"ddp_separate": "trainer=ddp", "ddp_find_unused_parameters_true": "trainer=ddp_find_unused"}
 CLOCKS = ("wall", "cpu")

@@ -36,12 +36,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from gan.data import build_dataset, data_shape
+from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
-from gan.evaluation import evaluate_run, load_module, with_run_classifier_steps
-from gan.metrics import EvalSettings, ImageMetrics, build_metrics, real_images
-from gan.module import GANModule
-from gan.sampling import sample_and_score
+from gan.evaluation.app import evaluate_run, load_module, with_run_classifier_steps
+from gan.evaluation.metrics import ImageMetrics, build_metrics, real_images
+from gan.evaluation.sampling import sample_and_score
+from gan.evaluation.settings import EvalSettings
+from gan.training.module import GANModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

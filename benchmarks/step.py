@@ -41,12 +41,12 @@ from omegaconf import OmegaConf
 from PIL import Image
 from torch import Tensor, nn
 
-from gan import patterns
-from gan.contexts import evaluating
-from gan.data import build_dataset
-from gan.models import build_models
-from gan.timing import PHASES, PhaseTimer
-from gan.training import train
+from gan.core.contexts import evaluating
+from gan.core.models import build_models
+from gan.core.phases import PHASES, PhaseTimer
+from gan.data.datasets import build_dataset
+from gan.patterns import claims as patterns
+from gan.training.builder import train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -4,16 +4,8 @@ names the problem and the fix, no traceback, a non-zero exit code."""
 from __future__ import annotations
 
 import difflib
-import os
-import sys
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterable
 from typing import Any
-
-import hydra
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 
 class ConfigError(ValueError):
@@ -37,99 +29,15 @@ def unknown_key(full_key: str, keys: Iterable[Any]) -> str:
     return f"{full_key} is not a config key{hint}: check its spelling; --cfg job prints every key"
 
 
-def hydra_message(e: Exception) -> str:
-    """One line for an error Hydra raises while composing the config."""
-    if isinstance(e, MissingConfigException) and e.options:  # data=foo: not a file in configs/data/
-        group, _, name = e.missing_cfg_file.rpartition("/")
-        return f"{group}={name} is not an option: use {group}={'|'.join(e.options)}"
-    cause = e.__cause__
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.parent_node is not None:
-        return unknown_key(str(cause.full_key), cause.parent_node)  # trainer.max_stepz=3
-    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-    return f"{e.override}: {text}" if isinstance(e, OverrideParseException) else text
 
 
-def one_line(e: BaseException) -> str:
-    """The message of ``e`` as one line."""
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    # An error in a DataLoader worker is raised again in the main process with the worker's traceback
-    # before its message (torch.utils.data's ExceptionWrapper): the message is the last line.
-    lines = str(e).strip().splitlines() or [type(e).__name__]
-    return lines[-1].removeprefix(f"{type(e).__module__}.{type(e).__qualname__}: ")
 
 
-@contextmanager
-def environment(name: str, value: str | None) -> Iterator[None]:
-    """The environment variable ``name`` set to ``value`` (None: unset) inside the block."""
-    previous = os.environ.get(name)
-    set_variable(name, value)
-    try:
-        yield
-    finally:
-        set_variable(name, previous)
 
 
-def set_variable(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
-@contextmanager
-def reported() -> Iterator[None]:
-    """Errors a user can act on end the process inside the block: one line on stderr, an exit code
-    (SystemExit, which Hydra lets through, where it would print a line of its own for an exception)."""
-    try:
-        yield
-    except ConfigError as e:
-        report(f"error: {one_line(e)}", 2)
-    except (RunError, OSError) as e:
-        report(f"error: {one_line(e)}", 1)
-    except Interrupted as e:
-        report(str(e), 130)
-    except KeyboardInterrupt:
-        report("interrupted", 130)
 
 
-def report(line: str, code: int) -> None:
-    print(line, file=sys.stderr)
-    sys.exit(code)
 
 
-def entry_point(task: Callable[[DictConfig], Any], config_path: str, config_name: str) -> Callable[[], None]:
-    """The ``main()`` of train.py and evaluate.py: Hydra composes ``config_name`` from ``config_path``
-    with the command line's overrides and calls ``task(cfg)``.
-
-    Bad input ends the process with one line on stderr, without a traceback, and exit code 2: a
-    ConfigError, or an error Hydra raises while composing (an unknown option or key, a malformed
-    override). A run that cannot go on (RunError, OSError) ends the same way with exit code 1, Ctrl-C
-    with 130 (128 + SIGINT, as a shell reports it). Hydra itself prints its errors over several lines
-    and exits with 1; it raises them instead while HYDRA_FULL_ERROR=1 -- its documented switch --,
-    which is therefore set while Hydra composes. The task runs, and starts any process (DDP ranks),
-    under the user's own setting; with HYDRA_FULL_ERROR=1 every error keeps its traceback.
-    """
-    state: dict[str, Any] = {"user_setting": None, "task_started": False}
-
-    @hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)
-    def compose_and_run(cfg: DictConfig) -> None:
-        state["task_started"] = True
-        full_errors = state["user_setting"] == "1"
-        with environment("HYDRA_FULL_ERROR", state["user_setting"]), nullcontext() if full_errors else reported():
-            task(cfg)
-
-    def main() -> None:
-        state["user_setting"], state["task_started"] = os.environ.get("HYDRA_FULL_ERROR"), False
-        if state["user_setting"] == "1":
-            return compose_and_run()
-        with reported():  # e.g. Ctrl-C, or a disk too full for Hydra's .hydra/, before the task runs
-            try:
-                with environment("HYDRA_FULL_ERROR", "1"):
-                    compose_and_run()
-            except (HydraException, OmegaConfBaseException) as e:
-                if state["task_started"]:  # not bad input: an error of the task's own, with its traceback
-                    raise
-                report(f"error: {hydra_message(e)}", 2)
-
-    return main

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
+
+from gan.training.compose import compose
 
 if TYPE_CHECKING:
-    from gan.metrics import EvalSettings
+    from gan.evaluation.settings import EvalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -29,21 +30,16 @@ TINY = ["debug=tiny", "trainer.enable_progress_bar=false"]
 
 def compose_config(*overrides: str, run_dir: Path | None = None) -> DictConfig:
     """configs/train.yaml composed by Hydra, as train.py would see it."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=list(overrides))
-    with open_dict(cfg):
-        cfg.paths.run_dir = str(run_dir or "unused")
-    return cfg
+    return compose(*overrides, run_dir=run_dir)
 
 
 def eval_settings(*overrides: str) -> EvalSettings:
     """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes them (e.g. "num_samples=50")
     for a run of the default recipe (whose eval.classifier_steps evaluate.py's null default takes)."""
-    from gan.evaluation import with_run_classifier_steps  # here: importing the package at conftest load
-    from gan.metrics import EvalSettings  # slows every test run
+    from gan.evaluation.app import with_run_classifier_steps
+    from gan.evaluation.settings import EvalSettings
 
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose(config_name="evaluate", overrides=list(overrides))
+    cfg = compose(*overrides, config="evaluate")
     run_cfg = {"eval": {"classifier_steps": compose_config().eval.classifier_steps}}
     return EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
 

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
-from gan.training import train
+from gan.training.builder import train
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -9,11 +9,11 @@ import torch
 from conftest import compose_config
 from mutation import D_NOT_FROZEN, NO_ZERO_GRAD_G, WITHOUT_DETACH, mutated_step
 
-import gan.module
-import gan.training
-from gan.audit import AuditError, check_plain_numbers, expected_to_change
-from gan.module import GANModule
-from gan.training import train
+import gan.training.builder
+import gan.training.module
+from gan.training.audit import AuditError, check_plain_numbers, expected_to_change
+from gan.training.builder import train
+from gan.training.module import GANModule
 
 
 def tiny(tmp_path, *overrides: str):
@@ -66,7 +66,7 @@ def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
         self.D.register_buffer("calls", torch.zeros(()))
 
     monkeypatch.setattr(TouchesD, "__init__", with_buffer)
-    monkeypatch.setattr(gan.training, "GANModule", TouchesD)
+    monkeypatch.setattr(gan.training.builder, "GANModule", TouchesD)
     with pytest.raises(AuditError, match=r"G update changed D\.calls"):
         train(tiny(tmp_path))
 
@@ -77,7 +77,7 @@ def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm
     that has converged stays put: the last layer's, whose weight has a single row.)"""
     from omegaconf import OmegaConf
 
-    from gan import step
+    from gan.core import step
 
     cfg = compose_config("debug=tiny", "model.spectral_norm=true", run_dir=tmp_path)
     module = GANModule(OmegaConf.to_container(cfg, resolve=True), (1, 16, 16))
@@ -96,7 +96,7 @@ def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm
 @pytest.mark.parametrize("ema", ["true", "false"])
 def test_sampling_in_train_mode_under_grad_is_caught(tmp_path, monkeypatch, ema):
     # planted bug: sample without the evaluation context (train mode, grad enabled)
-    monkeypatch.setattr(gan.module, "evaluating", lambda *modules: contextlib.nullcontext())
+    monkeypatch.setattr(gan.training.module, "evaluating", lambda *modules: contextlib.nullcontext())
     with pytest.raises(AuditError, match=r"sampling changed generator\..*running_mean"):
         train(tiny(tmp_path, f"ema.enabled={ema}"))
 
@@ -111,7 +111,7 @@ def test_sampling_that_returns_a_graph_is_caught(tmp_path, monkeypatch):
         for m in modules:
             m.train()
 
-    monkeypatch.setattr(gan.module, "evaluating", eval_only)
+    monkeypatch.setattr(gan.training.module, "evaluating", eval_only)
     with pytest.raises(AuditError, match="attached to a graph"):
         train(tiny(tmp_path, "ema.enabled=false"))
 

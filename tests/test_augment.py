@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gan.augment import Augment, build_augment
+from gan.core.augment import Augment, build_augment
 from gan.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""gan/contexts.py's ``evaluating``: sampling and scoring leave every module exactly as they found it."""
+"""gan/core/contexts.py's ``evaluating``: sampling and scoring leave every module exactly as they found it."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from conftest import compose_config, eval_settings
 from omegaconf import OmegaConf
 from torch import nn
 
-from gan.contexts import evaluating
-from gan.features import FeatureExtractor
-from gan.metrics import ImageMetrics
-from gan.module import GANModule
-from gan.sampling import generate_samples, sample_and_score
+from gan.core.contexts import evaluating
+from gan.evaluation.features import FeatureExtractor
+from gan.evaluation.metrics import ImageMetrics
+from gan.evaluation.sampling import generate_samples, sample_and_score
+from gan.training.module import GANModule
 
 
 def state(module: nn.Module) -> dict[str, object]:

@@ -17,16 +17,9 @@ from conftest import MNIST_T10K
 from PIL import Image
 from torch.utils.data import TensorDataset
 
-import gan.data
-from gan.data import (
-    ImageFolderDataset,
-    StepBatchSampler,
-    build_dataset,
-    data_shape,
-    mixture_dataset,
-    mixture_means,
-    num_classes,
-)
+import gan.data.datasets
+from gan.data.datasets import ImageFolderDataset, build_dataset, data_shape, mixture_dataset, mixture_means, num_classes
+from gan.data.sampler import StepBatchSampler
 from gan.errors import ConfigError
 
 
@@ -230,7 +223,7 @@ def test_folder_preload_decodes_once_into_the_same_tensors(tmp_path, monkeypatch
     images, labels = loaded.tensors
     assert torch.equal(images, torch.stack([lazy[i][0] for i in range(3)]))
     assert labels.tolist() == [lazy[i][1] for i in range(3)] and num_classes(loaded) == num_classes(lazy) == 2
-    monkeypatch.setattr(gan.data, "PRELOAD_LIMIT", images.nbytes - 1)  # auto: only what fits
+    monkeypatch.setattr(gan.data.datasets, "PRELOAD_LIMIT", images.nbytes - 1)  # auto: only what fits
     assert isinstance(build_dataset(cfg | {"preload": "auto"}, seed=0), ImageFolderDataset)
     assert isinstance(build_dataset(cfg | {"preload": True}, seed=0), TensorDataset)
     with pytest.raises(ConfigError, match="data.preload=maybe: use auto, true or false"):

@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, read_events
 
-from gan.augment import Augment
+from gan.core.augment import Augment
+from gan.core.state import RunningMean
 from gan.errors import ConfigError
-from gan.stats import RunningMean
-from gan.training import validate
+from gan.training.checks import validate
 
 BATCH, STEPS, RANKS = 16, 6, 2  # debug=tiny's batch and steps
 # ADA adjusts p at step 4 (by 32 images x 4 steps / 640 = 0.2) and is halfway to its next adjustment at the

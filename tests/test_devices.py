@@ -1,11 +1,11 @@
-"""gan/devices.py: the one parser of ``device`` options, on this machine's real devices."""
+"""gan/core/devices.py: the one parser of ``device`` options, on this machine's real devices."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gan.devices import resolve_device
+from gan.core.devices import resolve_device
 from gan.errors import ConfigError
 
 CUDA_COUNT = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -16,8 +16,8 @@ from conftest import CONFIGS, ROOT, compose_config, eval_settings, read_events, 
 from omegaconf import OmegaConf
 from PIL import Image
 
-from gan.metrics import EvalSettings
-from gan.sampling import slerp
+from gan.evaluation.sampling import slerp
+from gan.evaluation.settings import EvalSettings
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}

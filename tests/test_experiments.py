@@ -12,10 +12,10 @@ from conftest import CONFIGS, compose_config, run_main
 from omegaconf import OmegaConf
 from test_data import make_mnist_split
 
-from gan.data import build_dataset, data_shape
+from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
-from gan.evaluation import with_run_classifier_steps
-from gan.module import GANModule
+from gan.evaluation.app import with_run_classifier_steps
+from gan.training.module import GANModule
 
 PRESETS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
@@ -83,7 +83,7 @@ def test_evaluate_takes_the_runs_classifier_steps_unless_given():
 
 def test_classifiers_trained_for_different_steps_are_cached_apart(tmp_path):
     """A classifier trained longer is another network, so another feature space: never a cache hit."""
-    from gan.features import classifier_features
+    from gan.evaluation.features import classifier_features
 
     images, labels = torch.rand(40, 1, 8, 8) * 2 - 1, torch.arange(40) % 4
     for steps in (3, 5):

@@ -17,9 +17,9 @@ import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, read_events, run_train
 
-import gan.checkpoint
+import gan.files
 from gan.errors import RunError
-from gan.training import train
+from gan.training.builder import train
 
 # Adam moves every weight of D by about lr in its first step: D's next outputs, and its loss, overflow.
 DIVERGING = ["optim.d.lr=1e10", "checkpoint.every=1"]
@@ -125,7 +125,7 @@ def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_previous_checkpoin
                 return FullDisk(path, mode)
         return open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(gan.checkpoint, "open", open_on_a_filling_disk, raising=False)
+    monkeypatch.setattr(gan.files, "open", open_on_a_filling_disk, raising=False)
     run = tmp_path / "run"
     assert run_train(run, "checkpoint.every=3") == 1
     step_6 = run / "checkpoints" / "step_000006.ckpt"

@@ -1,4 +1,4 @@
-"""The autograd graphs of gan/graphs.py: their structure (which parameters each loss reaches, where the
+"""The autograd graphs of gan/core/graphs.py: their structure (which parameters each loss reaches, where the
 detach cuts, what D's freeze leaves out), the pictures Graphviz draws, and the one every run logs."""
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from conftest import read_events, run_train
 from mutation import D_NOT_FROZEN, mutated_step
 from PIL import Image
 
-from gan import graphs, patterns
-from gan.callbacks import SampleLogger
+from gan.core import graphs
+from gan.patterns import claims as patterns
+from gan.patterns import graph as demo
+from gan.patterns.cli import main as patterns_main
+from gan.training.callbacks import SampleLogger
 
 CPU = torch.device("cpu")
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
@@ -32,7 +35,7 @@ G_PARAMETERS, D_PARAMETERS = parameter_names(MODULE.G, "G"), parameter_names(MOD
 
 @pytest.fixture(scope="module")
 def step_graphs() -> dict[str, graphs.Graph]:
-    return graphs.step_graphs(CPU)
+    return demo.step_graphs(CPU)
 
 
 def test_the_d_loss_reaches_every_d_parameter_and_stops_at_the_detached_fake(step_graphs):
@@ -76,9 +79,9 @@ def test_sampling_builds_no_graph(step_graphs):
 
 
 def test_the_graphs_are_those_of_the_training_step():
-    # Break gan/step.py's freeze: the G loss graph drawn from the step now makes D's weights leaves.
+    # Break gan/core/step.py's freeze: the G loss graph drawn from the step now makes D's weights leaves.
     with mutated_step(*D_NOT_FROZEN):
-        broken = graphs.step_graphs(CPU)
+        broken = demo.step_graphs(CPU)
     assert broken["g_loss"].parameters == G_PARAMETERS | D_PARAMETERS
 
 
@@ -92,7 +95,7 @@ def test_the_text_tree_shows_the_leaves_and_the_frozen_weights(step_graphs):
 
 @needs_dot
 def test_graph_command_prints_the_trees_and_draws_svg_and_png(tmp_path: Path, capsys):
-    assert patterns.main(["graph", "--out", str(tmp_path)]) == 0
+    assert patterns_main(["graph", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("parameters reached:") == 5 and "G's output, detached" in out
     for stem in ("autograd_step", "autograd_contrast"):
@@ -103,14 +106,14 @@ def test_graph_command_prints_the_trees_and_draws_svg_and_png(tmp_path: Path, ca
 
 def test_graph_command_without_dot_prints_the_trees_and_says_how_to_draw_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no dot on it
-    assert patterns.main(["graph", "--out", str(tmp_path / "pictures")]) == 0
+    assert patterns_main(["graph", "--out", str(tmp_path / "pictures")]) == 0
     out = capsys.readouterr().out
     assert out.count("parameters reached:") == 5 and "apt-get install graphviz" in out
     assert not (tmp_path / "pictures").exists()
 
 
 def test_graph_command_keeps_the_table_options_apart(capsys):
-    assert patterns.main(["--only", "leaf", "graph"]) == 2
+    assert patterns_main(["--only", "leaf", "graph"]) == 2
     assert "--only" in capsys.readouterr().err
 
 
@@ -124,7 +127,7 @@ def test_every_run_logs_the_g_loss_graph_at_step_0(digits_run):
 def test_without_dot_a_run_logs_no_graph_and_says_so_in_the_debug_log(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no dot on it
     run = tmp_path / "run"
-    assert run_train(run, "hydra.verbose=gan.callbacks") == 0  # debug lines of gan.callbacks into train.log
+    assert run_train(run, "hydra.verbose=gan.training.callbacks") == 0  # its debug lines into train.log
     assert SampleLogger.GRAPH_TAG not in read_events(run / "tensorboard").Tags()["images"]
     assert "[DEBUG] - no autograd graph in TensorBoard: Graphviz's dot is not installed" in (
         run / "train.log").read_text()

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from gan.core.losses import LOSSES, get_loss, gradient_penalty
 from gan.errors import ConfigError
-from gan.losses import LOSSES, get_loss, gradient_penalty
 
 REAL = torch.tensor([2.0, -1.0])
 FAKE = torch.tensor([0.5, -3.0])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gan.core.models import build_models, condition_input
 from gan.errors import ConfigError
-from gan.models import build_models, condition_input
 
 DCGAN = {"name": "dcgan", "width": 8, "d_batchnorm": True, "spectral_norm": False}
 MLP = {"name": "mlp", "hidden": 16, "layers": 2, "spectral_norm": False}

@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import compose_config
 
-from gan.contexts import evaluating, frozen
-from gan.data import GANDataModule, data_shape
-from gan.module import GANModule
+from gan.core.contexts import evaluating, frozen
+from gan.data.datasets import data_shape
+from gan.data.module import GANDataModule
+from gan.training.module import GANModule
 
 
 def clone(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
@@ -105,7 +106,7 @@ def test_evaluating_restores_mixed_modes():
 # --- speed options: they change how the step runs, not what it computes -----------------------------------
 
 def run_tiny(tmp_path, *overrides: str) -> GANModule:
-    from gan.training import train
+    from gan.training.builder import train
 
     return train(compose_config("debug=tiny", "trainer.enable_progress_bar=false", "trainer.max_steps=2",
                                 *overrides, run_dir=tmp_path))

@@ -1,4 +1,4 @@
-"""Each claim of gan/patterns.py, asserted on the values its demonstration measured.
+"""Each claim of gan/patterns/claims.py, asserted on the values its demonstration measured.
 
 The demonstrations run here on small models with few repetitions. Timings on a shared 2-core machine
 are not asserted: where a claim is about cost, the tests assert the counted FLOPs or saved bytes
@@ -15,7 +15,8 @@ import pytest
 import torch
 from mutation import D_NOT_FROZEN, WITHOUT_DETACH, mutated_step
 
-from gan import patterns
+from gan.patterns import claims as patterns
+from gan.patterns.cli import main as patterns_main
 
 CPU = torch.device("cpu")
 SMALL = {"size": 16, "width": 8, "batch": 8, "repeats": 1}
@@ -33,7 +34,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-# Every claim's expectations are written once, in gan/patterns.py; a test asserts its verdict. The
+# Every claim's expectations are written once, in gan/patterns/claims.py; a test asserts its verdict. The
 # arguments make each demonstration small; the CUDA-only rows run where a GPU exists.
 CLAIMS = {
     "to_device": {}, "requires_grad": {}, "freeze": SMALL, "volatile": {}, "detach": {}, "gan_d_step": SMALL,
@@ -74,7 +75,7 @@ def test_a_verdict_compares_each_expectation() -> None:
     assert result.verdict == "DOES NOT HOLD: a.b: measured 3, expected 2"
 
 
-# --- the claims certify the step that trains: break gan/step.py and they fail ---------------------------
+# --- the claims certify the step that trains: break gan/core/step.py and they fail ---------------------------
 
 def test_without_detach_in_the_step_the_d_step_claim_fails() -> None:
     with mutated_step(*WITHOUT_DETACH):
@@ -98,14 +99,14 @@ def test_every_claim_is_listed_once() -> None:
 
 
 def test_only_runs_one_demonstration(capsys: pytest.CaptureFixture[str]) -> None:
-    assert patterns.main(["--only", "leaf"]) == 0
+    assert patterns_main(["--only", "leaf"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| claim | what was run | what was measured | verdict |"
     assert len(lines) == 3 and lines[2].startswith("| `leaf`:") and lines[2].endswith("| holds |")
 
 
 def test_unknown_name_is_one_line_listing_the_names(capsys: pytest.CaptureFixture[str]) -> None:
-    assert patterns.main(["--only", "nope"]) == 2
+    assert patterns_main(["--only", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'nope'" in err
     assert all(name in err for name in patterns.DEMOS)

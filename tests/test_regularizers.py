@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
-from gan.regularizers import lecam_penalty, r1_penalty
+from gan.core.regularizers import lecam_penalty, r1_penalty
 
 X_REAL = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [0.0, -2.0]], dtype=torch.float64)
 X_FAKE = torch.tensor([[0.5, 0.5], [2.0, -1.0], [-1.5, 1.0]], dtype=torch.float64)
@@ -78,7 +78,7 @@ def ring_module(*overrides: str):
     from conftest import compose_config
     from omegaconf import OmegaConf
 
-    from gan.module import GANModule
+    from gan.training.module import GANModule
 
     cfg = compose_config("data=ring", "model=mlp", "augment=none", *overrides)
     module = GANModule(OmegaConf.to_container(cfg, resolve=True), (2,))
@@ -131,7 +131,7 @@ def test_d_loss_adds_the_gradient_penalty_times_its_weight():
 def test_penalties_under_a_loss_scale_equal_the_unscaled_ones():
     """float16 mixed precision scales the penalties' inner backward (against underflow) and divides the
     scale back out: the penalty and its gradient are those of the unscaled computation."""
-    from gan.losses import gradient_penalty
+    from gan.core.losses import gradient_penalty
 
     w = torch.tensor([0.3, -0.7], requires_grad=True)
 

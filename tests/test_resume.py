@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_main, run_train
 
-from gan.callbacks import GeneratorStepCheckpoint
-from gan.checkpoint import AtomicCheckpointIO
+from gan.training.callbacks import GeneratorStepCheckpoint
+from gan.training.checkpoint import AtomicCheckpointIO
 
 # Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on.
 FULL = ["augment=ada", "augment.interval=1", "augment.speed_images=64", "reg=lecam", "log.sample_every=2"]
@@ -94,7 +94,7 @@ def test_pruning_spares_other_files_and_the_checkpoints_of_a_run_resumed_from(tm
 
 WRITER = """
 import sys, torch
-from gan.checkpoint import AtomicCheckpointIO
+from gan.training.checkpoint import AtomicCheckpointIO
 io, i = AtomicCheckpointIO(), 0
 while True:
     i += 1

@@ -9,9 +9,9 @@ import torch
 from conftest import compose_config
 from omegaconf import OmegaConf
 
-from gan.data import data_shape
-from gan.module import GANModule
-from gan.stats import EMAGenerator, RunningMean, StepCounters
+from gan.core.state import EMAGenerator, RunningMean, StepCounters
+from gan.data.datasets import data_shape
+from gan.training.module import GANModule
 
 FULL = ["debug=tiny", "augment=ada", "reg=lecam", "model.spectral_norm=true", "model.conditional=true"]
 

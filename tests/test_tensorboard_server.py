@@ -22,8 +22,8 @@ import pytest
 from conftest import ROOT
 from PIL import Image
 
-from gan.callbacks import SampleLogger
-from gan.visuals import tensorboard_server
+from gan.training.callbacks import SampleLogger
+from tools.tensorboard import tensorboard_server
 
 RUN = "."  # the log directory holds the run's event files itself
 TENSORBOARD_ORANGE = (245, 124, 0)  # the header bar of TensorBoard's web app
@@ -110,7 +110,7 @@ def test_the_server_stops_when_its_block_ends(digits_run):
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None,
-                    reason="Chromium is not installed (apt-get install chromium): docs/screenshots.py cannot run")
+                    reason="Chromium is not installed (apt-get install chromium): tools/screenshots.py cannot run")
 def test_the_screenshot_script_captures_a_rendered_dashboard(digits_run, tmp_path):
     spec = importlib.util.spec_from_file_location("screenshots", ROOT / "docs" / "screenshots.py")
     screenshots = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""Per-phase step timing (gan/timing.py): the phases of real training steps, in order, adding up to
+"""Per-phase step timing (gan/training/timing.py): the phases of real training steps, in order, adding up to
 the step; their TensorBoard tags; the CUDA paths where a GPU exists. No timing is asserted against a
 number: these check what is measured, not how fast."""
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import compose_config, read_events
 
-from gan.timing import PHASES, PhaseTimer, StepTimer
-from gan.training import train
+from gan.core.phases import PHASES, PhaseTimer
+from gan.training.builder import train
+from gan.training.timing import StepTimer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (CUDA events, sync debug mode, pinned memory)")
@@ -96,8 +97,9 @@ def fit_on_gpu(tmp_path, steps: int, callbacks: list, *overrides: str):
     import lightning as L
     from omegaconf import OmegaConf
 
-    from gan.data import GANDataModule, data_shape
-    from gan.module import GANModule
+    from gan.data.datasets import data_shape
+    from gan.data.module import GANDataModule
+    from gan.training.module import GANModule
 
     cfg = compose_config("debug=tiny", "audit=false", "log.every=1000", *overrides, run_dir=tmp_path)
     container = OmegaConf.to_container(cfg, resolve=True)

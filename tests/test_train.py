@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, read_events, run_train
 
-from gan.training import LIGHTNING_RANK_ZERO_LOGGER, LightningNoise
+from gan.training.builder import LIGHTNING_RANK_ZERO_LOGGER, LightningNoise
 
 EXPECTED_SCALARS = {"loss/d", "loss/g", "d/real", "d/fake", "grad_norm/g", "grad_norm/d"}
 

@@ -1,0 +1,126 @@
+"""Modules whose whole state is registered buffers: saved in the checkpoint, moved by ``.to()``,
+never seen by an optimizer (they are not parameters).
+
+Under DDP (``trainer=ddp``) every rank holds these buffers and must hold the same values: what a rank
+gathers from its own batch is reduced over all ranks before it updates state (:func:`sum_over_ranks`),
+and the buffers of G and D are rank 0's after every step (:func:`broadcast_buffers`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from gan.core.distributed import sum_over_ranks, world_size
+
+
+class StepCounters(nn.Module):
+    """Generator updates, discriminator updates and real images seen; and the updates of each network
+    skipped for a non-finite loss or gradient (``train.skip_nonfinite``; those count as updates too).
+
+    Buffers rather than Python ints so they travel inside ``state_dict()`` with the weights they
+    describe; Lightning's ``global_step`` counts every optimizer step (G and D alike), so it cannot say
+    how many generator updates a run has made.
+
+    ``g`` and ``d`` mirror the two step buffers as Python ints for the hot path: reading a buffer that
+    lives on a GPU (``int(tensor)``) makes the host wait for the device, several times a step. The
+    buffers stay the saved state; the mirrors are rebuilt from them whenever a state dict is loaded.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("g_steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("d_steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("images_seen", torch.zeros((), dtype=torch.long))
+        self.register_buffer("skipped_g", torch.zeros((), dtype=torch.long))
+        self.register_buffer("skipped_d", torch.zeros((), dtype=torch.long))
+        self.g, self.d = 0, 0
+        self.register_load_state_dict_post_hook(StepCounters.after_load)
+
+    @staticmethod
+    def after_load(module: StepCounters, incompatible_keys: object) -> None:
+        module.g, module.d = int(module.g_steps), int(module.d_steps)
+
+    def count_d_step(self) -> None:
+        self.d += 1
+        self.d_steps.fill_(self.d)  # an asynchronous write: no device sync
+
+    def count_g_step(self, images: int) -> None:
+        self.g += 1
+        self.g_steps.fill_(self.g)
+        self.images_seen += images
+
+    def count_skipped(self, network: str) -> None:
+        """One more update of ``network`` ("G" or "D") skipped."""
+        getattr(self, f"skipped_{network.lower()}").add_(1)
+
+
+class RunningMean(nn.Module):
+    """Exponential running mean of a scalar statistic, e.g. D's mean output on real images."""
+
+    def __init__(self, decay: float = 0.99) -> None:
+        super().__init__()
+        self.decay = decay
+        self.register_buffer("value", torch.zeros(()))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Move the mean toward ``x.mean()``; under DDP, toward the mean over every rank's ``x`` (all of
+        one size), so that the value is the same on every rank."""
+        mean = sum_over_ranks(x.detach().mean().to(self.value.dtype)) / world_size()
+        # Bias-free start: the first update sets the mean instead of pulling it from zero. Decided on
+        # the device (torch.where), not with `if self.count == 0`, which would sync a GPU every call.
+        weight = torch.where(self.count == 0, 1.0, 1.0 - self.decay).to(self.value.dtype)
+        self.value.lerp_(mean, weight)
+        self.count += 1
+
+
+class EMAGenerator(nn.Module):
+    """An exponential moving average of the generator's weights, held as buffers.
+
+    Written by hand rather than with ``torch.optim.swa_utils.AveragedModel``: that class keeps the
+    average as ``nn.Parameter``s (``requires_grad=True``) of a submodule, so they appear in the
+    LightningModule's ``parameters()``, where DDP registers them and reports them as unused every
+    step. Here the copy's parameters are re-registered as buffers: the average is in ``state_dict()``
+    and follows ``.to()``, yet no optimizer, gradient clip or DDP reducer can see it.
+
+    BatchNorm policy: the running mean/var of G's BatchNorm layers are copied, not averaged (as
+    StyleGAN2-ADA does): they describe the activations of the current G, which the averaged weights
+    approximate.
+
+    Decay schedule: during the first ``start`` generator steps the copy tracks G exactly; after that
+    the decay ramps as ``min(decay, (1 + k) / (10 + k))`` over its k updates, so early samples are not
+    dominated by the random initial weights.
+    """
+
+    def __init__(self, generator: nn.Module, decay: float, start: int = 0) -> None:
+        super().__init__()
+        self.decay, self.start = decay, start
+        self.generator = copy.deepcopy(generator)
+        for module in self.generator.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    del module._parameters[name]
+                    module.register_buffer(name, param.detach().clone())
+        self.generator.requires_grad_(False)
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, generator: nn.Module, g_step: int) -> None:
+        """Average ``generator``'s current weights in; ``g_step`` is the number of G updates so far."""
+        averaged = dict(self.generator.named_buffers())
+        if g_step <= self.start:
+            weight = torch.ones((), device=self.num_updates.device)  # warm-up: copy
+        else:
+            # On the device: float(self.num_updates) would make the host wait for a GPU every step.
+            k = self.num_updates.double()
+            weight = 1.0 - ((1.0 + k) / (10.0 + k)).clamp(max=self.decay)
+            self.num_updates += 1
+        names, params = zip(*((name, p.detach()) for name, p in generator.named_parameters()))
+        # One fused call for all weights rather than one lerp_ (and its dispatch) per tensor.
+        torch._foreach_lerp_([averaged[name] for name in names], list(params), weight.to(params[0].dtype))
+        for name, buffer in generator.named_buffers():
+            averaged[name].copy_(buffer)

@@ -1,0 +1,89 @@
+"""The GAN training step, written once: training (gan/training/module.py), the demonstrations (``python -m
+gan.patterns``) and the tests all run these functions, so a claim measured on them is a claim about
+the step that trains.
+
+One generator step::
+
+    fake = G(z)                                # one G forward; its graph is kept for G's update
+    d_update(opt_d, d_loss, real, fake.detach())   # D learns from D(real) and D(fake.detach())
+    g_update(D, opt_g, g_loss, fake)           # G learns through D(fake), with D frozen
+
+What the networks minimise is passed in: ``d_loss(real, fake, labels) -> (loss, real_logits,
+fake_logits)`` and ``g_loss(fake, labels) -> loss`` (the adversarial loss, penalties, augmentation
+and conditioning live there). ``G`` is the module the step runs and ``D`` the one ``g_loss`` runs: under
+``trainer=ddp`` their DistributedDataParallel wrappers, each of whose backwards all-reduces the
+network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
+``manual_backward``, which adds mixed-precision loss scaling. ``phase(name)`` marks
+where the time goes (:class:`gan.core.phases.PhaseTimer`; untimed by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import NamedTuple
+
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from gan.core.contexts import frozen, no_sync
+from gan.core.phases import untimed
+
+DLoss = Callable[[Tensor, Tensor, "Tensor | None"], tuple[Tensor, Tensor, Tensor]]
+GLoss = Callable[[Tensor, "Tensor | None"], Tensor]
+Backward = Callable[[Tensor], None]
+Phase = Callable[[str], AbstractContextManager[None]]
+
+
+class DUpdate(NamedTuple):
+    """What one D update computed, detached: safe to keep and log without holding a graph."""
+
+    loss: Tensor
+    real_logits: Tensor
+    fake_logits: Tensor
+
+
+def generator_step(G: nn.Module, D: nn.Module, opt_g: Optimizer, opt_d: Optimizer, z: Tensor, real: Tensor,
+                   labels: Tensor | None, d_loss: DLoss, g_loss: GLoss,
+                   backward: Backward = Tensor.backward, phase: Phase = untimed) -> tuple[DUpdate, Tensor]:
+    """One D update and one G update from a single G forward; returns (the D update, G's loss, detached)."""
+    with phase("g_forward"):
+        fake = G(z, labels)  # one G forward serves both updates; its graph is kept for G's backward
+    # detach() cuts the graph at `fake`: D's backward stops there, so it computes nothing for G,
+    # leaves G's .grad untouched, and does not free G's graph, which g_update still needs.
+    d = d_update(opt_d, d_loss, real, fake.detach(), labels, backward, phase)
+    return d, g_update(D, opt_g, g_loss, fake, labels, backward, phase)
+
+
+def d_update(opt_d: Optimizer, d_loss: DLoss, real: Tensor, fake: Tensor, labels: Tensor | None,
+             backward: Backward = Tensor.backward, phase: Phase = untimed) -> DUpdate:
+    """One discriminator update on ``real`` and ``fake`` (detached, or made under no_grad)."""
+    with phase("d_forward_backward"):
+        loss, real_logits, fake_logits = d_loss(real, fake, labels)
+        opt_d.zero_grad(set_to_none=True)  # None, not zeros: no memset, and no stale value to add to
+        backward(loss)
+    with phase("d_optimizer"):
+        opt_d.step()
+    return DUpdate(loss.detach(), real_logits.detach(), fake_logits.detach())
+
+
+def g_update(D: nn.Module, opt_g: Optimizer, g_loss: GLoss, fake: Tensor, labels: Tensor | None,
+             backward: Backward = Tensor.backward, phase: Phase = untimed) -> Tensor:
+    """One generator update through the undetached ``fake``, with D frozen.
+
+    Gradients flow through D's layers to ``fake`` and on into G, but none are computed for D's
+    weights: cheaper, and opt_d's next step is not polluted. D is run afresh here: logits computed
+    before opt_d.step() used D's old weights, which the step changed in place, so backpropagating
+    through them would raise "modified by an inplace operation".
+    """
+    # Under DDP (trainer=ddp, G and D wrapped separately) only G's gradients are all-reduced here: D is
+    # frozen, so it has none, and no_sync(D) keeps D's wrapper from preparing a reduction for them.
+    with frozen(D), no_sync(D):
+        with phase("g_forward"):
+            loss = g_loss(fake, labels)
+        with phase("g_backward"):
+            opt_g.zero_grad(set_to_none=True)
+            backward(loss)
+    with phase("g_optimizer"):
+        opt_g.step()
+    return loss.detach()

@@ -1,0 +1,262 @@
+"""Datasets and the LightningDataModule that feeds the GAN.
+
+Every dataset is a map-style dataset of ``(x, label)`` with ``x`` in [-1, 1] (images) or in data
+coordinates (2D mixtures); ``label`` is -1 where a dataset has none. Batches come from
+:class:`StepBatchSampler`, whose batch for generator step ``s`` is a pure function of ``(seed, s)``:
+a resumed run sees exactly the data an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import Dataset, TensorDataset
+
+from gan.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+# --- 2D mixtures (the benchmark protocol: docs/protocols.md) ---------------------------------------
+
+# Datasets of 2D points rather than images: plotted as scatter plots, scored by the mode protocol.
+POINT_DATASETS = ("ring", "grid")
+
+
+def is_point_data(name: str) -> bool:
+    """Is the dataset called ``name`` (``data.name``) one of 2D points? Every other dataset is images."""
+    return name in POINT_DATASETS
+
+
+def mixture_means(name: str) -> torch.Tensor:
+    """Means of the ring (8 on the unit circle) or grid (25 at even coordinates) mixture."""
+    if name == "ring":
+        # k/8 of a full turn for k = 0..7; linspace(0, 2*pi, 8) would repeat the first centre.
+        angles = 2 * math.pi * torch.arange(8, dtype=torch.float64) / 8
+        return torch.stack([angles.cos(), angles.sin()], dim=1).float()
+    if name == "grid":
+        axis = torch.tensor([-4.0, -2.0, 0.0, 2.0, 4.0])
+        return torch.cartesian_prod(axis, axis)
+    raise ConfigError(f"unknown mixture '{name}': use data=ring or data=grid")
+
+
+def mixture_dataset(name: str, num_points: int, std: float, seed: int) -> TensorDataset:
+    """``num_points`` samples, equally likely from each mode; the label is the mode index."""
+    generator = torch.Generator().manual_seed(seed)
+    means = mixture_means(name)
+    labels = torch.randint(len(means), (num_points,), generator=generator)
+    points = means[labels] + std * torch.randn(num_points, 2, generator=generator)
+    return TensorDataset(points, labels)
+
+
+# --- images --------------------------------------------------------------------------------------
+
+def to_model_range(images: torch.Tensor, image_size: int) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> float (N, C, S, S) in [-1, 1], resized bilinearly when S != H."""
+    x = images.float() / 127.5 - 1.0
+    if x.shape[-1] != image_size or x.shape[-2] != image_size:
+        x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False,
+                          antialias=True).clamp(-1, 1)
+    return x
+
+
+def digits_dataset(image_size: int) -> TensorDataset:
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+
+    digits = load_digits()
+    images = torch.from_numpy(digits.images).float().unsqueeze(1)  # (1797, 1, 8, 8), values 0..16
+    images = (images * (255.0 / 16.0)).round().to(torch.uint8)
+    return TensorDataset(to_model_range(images, image_size), torch.from_numpy(digits.target).long())
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (MNIST's format), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    if magic not in (2049, 2051):  # 2049: labels (N,), 2051: images (N, H, W), both uint8
+        raise ConfigError(f"{path} is not an MNIST IDX file (magic {magic}): re-download it")
+    ndim = magic & 0xFF
+    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def find_idx(raw_dirs: list[Path], stem: str) -> Path | None:
+    for directory in raw_dirs:
+        for candidate in (directory / stem, directory / f"{stem}.gz"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def mnist_like_dataset(name: str, root: str, split: str, download: bool, image_size: int) -> TensorDataset:
+    """MNIST / Fashion-MNIST from torchvision's on-disk layout, needing only the requested split.
+
+    torchvision's classes insist on all four files, unzipped; here the two files of ``split`` are
+    enough, gzipped or not, under ``<root>/<Class>/raw/`` or ``<root>/raw/``. With
+    ``data.download=true`` the real torchvision download fills in what is missing.
+    """
+    from torchvision import datasets
+
+    tv_class = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST}[name]
+    prefix = {"train": "train", "test": "t10k"}[split]
+    root_path = Path(root).expanduser()
+    raw_dirs = [root_path / tv_class.__name__ / "raw", root_path / "raw"]
+    stems = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
+    paths = [find_idx(raw_dirs, stem) for stem in stems]
+    if None in paths and download:
+        tv_class(str(root_path), train=split == "train", download=True)
+        paths = [find_idx(raw_dirs, stem) for stem in stems]
+    if None in paths:
+        raise ConfigError(
+            f"{name} {split} files not found under {raw_dirs[0]} or {raw_dirs[1]}: "
+            f"set data.root to the folder that holds them, or add data.download=true")
+    images = torch.from_numpy(read_idx(paths[0]).copy()).unsqueeze(1)
+    labels = torch.from_numpy(read_idx(paths[1]).astype(np.int64))
+    return TensorDataset(to_model_range(images, image_size), labels)
+
+
+CIFAR10_FOLDER = "cifar-10-batches-py"  # what torchvision's CIFAR10 looks for under its root
+
+
+def cifar10_dataset(root: str, split: str, download: bool, image_size: int) -> TensorDataset:
+    from torchvision import datasets
+
+    root_path = Path(root).expanduser()
+    try:
+        ds = datasets.CIFAR10(str(root_path), train=split == "train", download=download)
+    except RuntimeError:  # torchvision: "Dataset not found or corrupted..."
+        raise ConfigError(f"cifar10 not found (or incomplete) in {root_path / CIFAR10_FOLDER}: set data.root to "
+                          f"the folder that holds {CIFAR10_FOLDER}/, or add data.download=true") from None
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) uint8 -> NCHW
+    return TensorDataset(to_model_range(images, image_size), torch.tensor(ds.targets, dtype=torch.long))
+
+
+# data.preload=auto decodes a folder into memory (then served like the tensor datasets, from the
+# device) up to this size; past it, images are decoded per step by DataLoader workers.
+PRELOAD_LIMIT = 2**30
+
+
+class ImageFolderDataset(Dataset):
+    """Images from a directory, flat or one subfolder per class; decoded lazily, square-cropped."""
+
+    def __init__(self, path: str, image_size: int, channels: int):
+        root = self.root = Path(path).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"data.path={path} is not a directory: point it at a folder of images")
+        if channels not in (1, 3):
+            raise ConfigError(f"data.channels={channels}: use 1 (grayscale) or 3 (RGB)")
+        try:
+            subfolders = sorted(p for p in root.iterdir() if p.is_dir())
+            if subfolders:
+                self.classes = [p.name for p in subfolders]
+                self.files = [(f, i) for i, d in enumerate(subfolders) for f in sorted(d.iterdir())
+                              if f.suffix.lower() in IMAGE_EXTENSIONS]
+            else:
+                self.classes = []
+                self.files = [(f, -1) for f in sorted(root.iterdir()) if f.suffix.lower() in IMAGE_EXTENSIONS]
+        except OSError as e:  # e.g. a folder without read permission
+            raise ConfigError(f"cannot read data.path={path} ({e.strerror}: {e.filename}): "
+                              "make it readable, or point data.path at another folder") from None
+        if not self.files:
+            raise ConfigError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in data.path={path}")
+        self.image_size, self.mode = image_size, "L" if channels == 1 else "RGB"
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def decoded(self) -> TensorDataset:
+        """Every image decoded once, as one tensor (labels -1 where the folder has no classes)."""
+        start = time.perf_counter()
+        images = torch.stack([self[i][0] for i in range(len(self))])
+        log.info(f"decoded {len(self)} images of {self.root} into memory in {time.perf_counter() - start:.1f} s")
+        return TensorDataset(images, torch.tensor([label for _, label in self.files], dtype=torch.long))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """Image ``index``, whatever its size and mode: converted to ``data.channels`` (grayscale or RGB),
+        centre-cropped to a square and resized to ``data.image_size``.
+
+        A file that cannot be decoded (truncated, corrupt, unreadable) stops the run with its name,
+        rather than being skipped: dropping it would change which image every later index is, and so
+        the data of every step -- an exact resume needs the same dataset.
+        """
+        file, label = self.files[index]
+        try:
+            with Image.open(file) as img:
+                img = img.convert(self.mode)
+                side = min(img.size)  # centre square crop, then resize: no distortion
+                left, top = (img.width - side) // 2, (img.height - side) // 2
+                img = img.crop((left, top, left + side, top + side)).resize(
+                    (self.image_size, self.image_size), Image.BICUBIC)
+                array = np.asarray(img, dtype=np.uint8).reshape(self.image_size, self.image_size, -1)
+        except OSError as e:  # PIL's errors for corrupt and truncated files are OSErrors too
+            raise ConfigError(f"cannot decode image {file} ({e.strerror or e}): replace or delete it") from None
+        x = torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 127.5 - 1.0
+        return x, label
+
+
+def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> Dataset:
+    """The dataset named by ``cfg['name']`` (the ``data`` config group)."""
+    name = cfg["name"]
+    split = split or cfg.get("split", "train")
+    if split not in ("train", "test"):
+        raise ConfigError(f"data.split={split}: use train or test")
+    if is_point_data(name):
+        # The test split is a fresh draw from the same mixture.
+        return mixture_dataset(name, cfg["num_points"], cfg["std"], seed + (split == "test"))
+    if name in ("digits", "mnist", "fashion_mnist", "cifar10"):
+        if name == "digits":
+            dataset = digits_dataset(cfg["image_size"])
+        elif name == "cifar10":
+            dataset = cifar10_dataset(cfg["root"], split, cfg["download"], cfg["image_size"])
+        else:
+            dataset = mnist_like_dataset(name, cfg["root"], split, cfg["download"], cfg["image_size"])
+        channels = dataset.tensors[0].shape[1]  # (a folder's images are converted to data.channels instead)
+        if channels != cfg["channels"]:
+            raise ConfigError(f"data={name} has {channels}-channel images and data.channels={cfg['channels']}: "
+                              f"set data.channels={channels}")
+        return dataset
+    if name == "folder":
+        folder = ImageFolderDataset(cfg["path"], cfg["image_size"], cfg["channels"])
+        preload = cfg.get("preload", "auto")
+        if preload not in ("auto", True, False):
+            raise ConfigError(f"data.preload={preload}: use auto, true or false")
+        size = len(folder) * cfg["channels"] * cfg["image_size"] ** 2 * 4  # float32 bytes
+        if preload is True or (preload == "auto" and size <= PRELOAD_LIMIT):
+            return folder.decoded()
+        return folder
+    raise ConfigError(f"unknown dataset '{name}': use data=digits|ring|grid|mnist|fashion_mnist|cifar10|folder")
+
+
+def num_classes(dataset: Dataset) -> int:
+    """Number of labels (0 for unlabelled data)."""
+    if isinstance(dataset, ImageFolderDataset):
+        return len(dataset.classes)
+    return int(dataset.tensors[1].max()) + 1
+
+
+def data_shape(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """Shape of one sample: (2,) for 2D mixtures, (C, S, S) for images."""
+    if is_point_data(cfg["name"]):
+        return (2,)
+    return (cfg["channels"], cfg["image_size"], cfg["image_size"])
+
+
+# --- sampling ------------------------------------------------------------------------------------
+
+
+
+
+

@@ -1,0 +1,148 @@
+"""``python evaluate.py``: score a trained run's checkpoint; write ``<run>/eval/`` and the run's TensorBoard.
+
+An application at the top of the package: it rebuilds the training module from a checkpoint, then
+uses the same sampling, metrics and pictures (gan/evaluation/) as training does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.tensorboard import SummaryWriter
+
+from gan.core.devices import resolve_device
+from gan.data.datasets import build_dataset, is_point_data, mixture_means
+from gan.errors import ConfigError
+from gan.evaluation.features import to_uint8
+from gan.evaluation.metrics import build_metrics, scalars
+from gan.evaluation.pictures import real_points_for_plot, render_interpolation, render_samples
+from gan.evaluation.sampling import interpolate, sample_and_score
+from gan.evaluation.settings import EvalSettings
+from gan.files import atomic_write
+from gan.training.checkpoint import mismatched, read_checkpoint
+from gan.training.module import GANModule
+from gan.training.schema import EvaluateConfig, conform
+
+log = logging.getLogger(__name__)
+
+# Latent interpolation: paths between pairs of noise vectors. Images: a row of IMAGE_STEPS per path;
+# points: POINT_STEPS along each path, drawn as a line. A conditional run gets one path per class.
+PATHS, IMAGE_STEPS, POINT_STEPS = 8, 10, 24
+
+
+def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
+    """(run directory, checkpoint file), or a ConfigError saying what is missing."""
+    if run_dir is None:
+        raise ConfigError("run_dir is required: python evaluate.py run_dir=<a train.py run directory>")
+    run = Path(run_dir).expanduser()
+    if not (run / ".hydra" / "config.yaml").is_file():
+        what = "is not a directory" if not run.is_dir() else "is not a training run (no .hydra/config.yaml)"
+        raise ConfigError(f"run_dir={run_dir} {what}: give the directory train.py wrote")
+    path = Path(ckpt).expanduser() if ckpt else run / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} does not exist: pass ckpt=<file>, e.g. one of "
+                          f"{run / 'checkpoints'}/*.ckpt")
+    return run, path
+
+
+def load_module(path: Path) -> GANModule:
+    """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
+    ckpt = read_checkpoint(path, "ckpt")
+    hp = ckpt["hyper_parameters"]
+    try:  # a checkpoint of an older version may lack a config key
+        module = GANModule(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
+    except KeyError as e:
+        raise ConfigError(f"cannot rebuild a GAN from {path}: its config has no {e}") from None
+    problems = mismatched(module.state_dict(), ckpt["state_dict"])
+    if problems:  # weights that do not fit the networks its own config builds: written by another version
+        raise ConfigError(f"cannot rebuild a GAN from {path}: its weights do not fit its config ({problems})")
+    module.load_state_dict(ckpt["state_dict"])
+    return module
+
+
+def choose_generator(module: GANModule, ema: bool) -> tuple[str, str]:
+    """Which generator of a loaded run evaluate.py samples, and the TensorBoard tag prefix of its metrics.
+
+    ``ema=false`` sets the module's EMA copy aside (the module was loaded for this evaluation only), so
+    its ``sampling_generator`` is the raw G of the same checkpoint: same seed, same noise, and the
+    difference in the metrics is the effect of EMA. Returns ("ema" or "G", prefix). ``metrics/*`` is
+    what training logs for the sampling generator -- the EMA copy where the run has one -- so the raw G
+    of such a run logs as ``metrics_G/*``, and the two never mix on one curve.
+    """
+    had_ema = module.ema is not None
+    if not ema:
+        module.ema = None
+    generator = "G" if module.ema is None else "ema"
+    return generator, "metrics_G" if had_ema and generator == "G" else "metrics"
+
+
+def with_run_classifier_steps(cfg: DictConfig, run_cfg: dict[str, Any]) -> DictConfig:
+    """evaluate.py's settings, with ``classifier_steps=null`` (evaluate.yaml's default) replaced by the
+    run's own ``eval.classifier_steps``: a run is scored in the feature space its recipe chose (the MNIST
+    preset trains its classifier longer than the default), unless the command line names another."""
+    if cfg.classifier_steps is not None:
+        return cfg
+    steps = run_cfg.get("eval", {}).get("classifier_steps")
+    if steps is None:
+        raise ConfigError("the run's config has no eval.classifier_steps (an older run): pass classifier_steps=<N> "
+                          "(the default of configs/eval/default.yaml is the one older runs used)")
+    return OmegaConf.merge(cfg, {"classifier_steps": steps})
+
+
+def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
+    """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard.
+
+    Every check that can fail on bad input runs before the first file is written.
+    """
+    cfg = conform(cfg, EvaluateConfig)
+    run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
+    device = resolve_device(cfg.device)
+    module = load_module(ckpt_path).to(device)
+    run_cfg = module.cfg
+    settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
+    generator, tag = choose_generator(module, cfg.ema)
+    dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
+    metrics = build_metrics(run_cfg["data"], dataset, settings, device)
+    samples, values = sample_and_score(module, metrics, settings, cfg.seed)
+    step = int(module.counters.g_steps)
+    # The long per-class table goes last, after the numbers a reader looks for first.
+    headline = {k: v for k, v in values.items() if k != "per_class"}
+    result = {**headline, "generator": generator, "step": step, "num_samples": settings.num_samples,
+              "seed": cfg.seed, "checkpoint": str(ckpt_path.resolve()),
+              **({"per_class": values["per_class"]} if "per_class" in values else {})}
+
+    out = run / "eval"
+    atomic_write(out / "metrics.json", lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
+    points = is_point_data(run_cfg["data"]["name"])
+    # Points keep their coordinates; images are stored as the 8-bit pixels a PNG would hold.
+    stored = samples.cpu().numpy().astype(np.float32) if points else to_uint8(samples).cpu().numpy()
+    atomic_write(out / "samples.npz", lambda f: np.savez_compressed(f, samples=stored))
+    writer = SummaryWriter(str(run / "tensorboard"))
+    title = (f"step {step}: {values['modes']}/{values['modes_total']} modes, "
+             f"{values['high_quality']:.0%} high quality") if points else ""
+    real_points = real_points_for_plot(dataset) if points else None
+    means = mixture_means(run_cfg["data"]["name"]) if points else None
+    suffix = "" if tag == "metrics" else f"_{generator}"
+    render_samples(samples, out / "grid.png", writer, f"eval/grid{suffix}", step, num_classes=module.num_classes,
+                   real_points=real_points, means=means, title=title)
+    steps = POINT_STEPS if points else IMAGE_STEPS
+    render_interpolation(interpolate(module, module.num_classes or PATHS, steps, cfg.seed), steps,
+                         out / "interpolation.png", writer, f"eval/interpolation{suffix}", step,
+                         real_points=real_points, means=means,
+                         title=f"step {step}: paths between noise vectors (slerp)" if points else "")
+    for name, value in scalars(values, tag).items():
+        writer.add_scalar(name, value, step)
+    writer.close()
+    log.info(f"{run} at generator step {step} ({generator}): " + ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in headline.items()))
+    if "per_class" in values:
+        log.info("per class: " + "; ".join(
+            f"{label} " + ", ".join(f"{k} {v:.3g}" for k, v in entry.items() if isinstance(v, float))
+            for label, entry in values["per_class"].items()))
+    log.info(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}, {out / 'interpolation.png'}")
+    return result

@@ -1,0 +1,230 @@
+"""Feature spaces for the image metrics: FID, KID and precision/recall compare images through one of these.
+
+* ``classifier``: a small CNN trained on the dataset's own images and labels, offline, in seconds on a
+  CPU; its globally pooled last convolution is the feature space (as Inception's pool3 is for FID).
+* ``rotation``: the same CNN trained to tell which of four rotations (0, 90, 180, 270 degrees) an image
+  was given (Gidaris et al. 2018). Every image carries that label, so an unlabelled folder still gets a
+  feature space *learned from its own images*: telling upright from rotated needs shapes and layout,
+  where a randomly initialised network would only measure colour and texture statistics, and Inception
+  needs weights these machines cannot download. Weak where orientation is ambiguous (textures, aerial
+  views): use ``inception`` there.
+* ``inception``: the standard FID space, Inception-v3 pool3 (2,048 features) with torch-fidelity's
+  weights, run by torchmetrics. Nothing is downloaded: the weights file must already be on disk.
+
+Only the ``classifier`` space keeps its network's head (a linear layer from the features to logits
+over the dataset's classes): conditional runs use it to ask whether a sample shows the class it was
+generated for. The rotation head predicts quarter turns and Inception's ImageNet classes are not the
+dataset's, so those spaces have no class head, and conditional runs get per-class FID there but no
+class accuracy.
+
+A trained classifier is the identity of its feature space -- FIDs are comparable only within one -- so
+it is trained once per dataset, image size and number of steps with a fixed seed, and cached on disk next to a SHA-256
+checksum in ``sha256sum`` format. A file that fails its checksum is an error, not a silent retrain: a
+retrained classifier is a new feature space, and numbers measured before would no longer compare.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gan.errors import ConfigError
+from gan.files import atomic_write
+
+log = logging.getLogger(__name__)
+
+# torch-fidelity's Inception-v3 weights (the TensorFlow FID network, ported); torch.hub caches them
+# under this file name, which is where torchmetrics would look for them.
+INCEPTION_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
+                 "weights-inception-2015-12-05-6726825d.pth")
+
+
+def to_uint8(images: Tensor) -> Tensor:
+    """[-1, 1] float images -> uint8 in 0..255, as they would be saved to a PNG."""
+    return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
+class FeatureExtractor(nn.Module):
+    """A frozen network from [-1, 1] images (N, C, H, W) to features (N, num_features).
+
+    ``num_features`` is read by torchmetrics' FID, which otherwise pushes a dummy 299x299 image
+    through the network to find it. ``head``, when given, maps features to logits over the dataset's
+    classes (the trained classifier's last layer); ``None`` where the network was not trained on them.
+    """
+
+    def __init__(self, name: str, net: nn.Module, num_features: int, head: nn.Module | None = None):
+        super().__init__()
+        self.name, self.net, self.num_features, self.head = name, net, num_features, head
+        self.requires_grad_(False)
+        self.eval()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+
+# --- classifier and rotation features ------------------------------------------------------------
+
+class ConvClassifier(nn.Module):
+    """3x3 convolutions with 2x2 max pooling between them down to at most 4x4 pixels, global average
+    pooling, a linear head. Channels: width, 2 width, then 4 width.
+
+    Pooling down to 4x4 before the global average lets the last convolution see the whole image (the
+    layout of the strokes, not just which strokes exist). No BatchNorm or dropout: features must not
+    depend on train/eval mode or on the rest of the batch.
+    """
+
+    def __init__(self, channels: int, image_size: int, num_classes: int, width: int = 32):
+        super().__init__()
+        layers: list[nn.Module] = []
+        size, stage = image_size, 0
+        while True:
+            out = width * 2 ** min(stage, 2)
+            layers += [nn.Conv2d(channels, out, 3, padding=1), nn.ReLU()]
+            channels, stage = out, stage + 1
+            if size <= 4:
+                break
+            layers.append(nn.MaxPool2d(2, ceil_mode=True))
+            size = -(-size // 2)  # ceil
+        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(channels, num_classes)
+        self.width, self.num_features = width, channels
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.body(images))
+
+
+def rotations(images: Tensor) -> tuple[Tensor, Tensor]:
+    """Each image at 0, 90, 180 and 270 degrees, labelled 0..3: the ``rotation`` task's examples."""
+    rotated = torch.cat([torch.rot90(images, k, dims=(2, 3)) for k in range(4)])
+    return rotated, torch.arange(4, device=images.device).repeat_interleave(len(images))
+
+
+def train_classifier(images: Tensor, labels: Tensor | None, steps: int = 500, batch_size: int = 64,
+                     seed: int = 0) -> tuple[ConvClassifier, float, int]:
+    """Train on a seeded 80 % of ``images``; returns (net, accuracy on the other 20 %, held-out count).
+
+    ``labels=None`` trains the rotation task: each image of a batch appears at all four rotations
+    (made per batch, so memory stays at one copy of the images). Adam with a cosine learning-rate
+    decay for a fixed number of steps bounds the cost on any dataset (accuracies and times of the
+    default 500 steps: docs/results.md). Runs in a forked RNG: training a classifier does not move the
+    caller's random streams.
+    """
+    def examples(index: Tensor) -> tuple[Tensor, Tensor]:
+        return rotations(images[index]) if labels is None else (images[index], labels[index])
+
+    num_classes = 4 if labels is None else int(labels.max()) + 1
+    per_batch = batch_size // 4 if labels is None else batch_size
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        # Indices drawn on the CPU even for GPU images: only the CPU stream is seeded and forked here.
+        order = torch.randperm(len(images))
+        held_out, train = order[: len(images) // 5], order[len(images) // 5:]
+        net = ConvClassifier(images.shape[1], images.shape[-1], num_classes).to(images.device)
+        optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+        for _ in range(steps):
+            x, y = examples(train[torch.randint(len(train), (per_batch,))])
+            loss = F.cross_entropy(net(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+    net.requires_grad_(False).eval()
+    correct, total = 0, 0
+    with torch.no_grad():
+        for index in held_out.split(256):
+            x, y = examples(index)
+            correct += int((net(x).argmax(1) == y).sum())
+            total += len(y)
+    return net, correct / total, total
+
+
+def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor | None, cache_dir: str,
+                        steps: int = 500) -> FeatureExtractor:
+    """The ``classifier`` (``labels`` given) or ``rotation`` (``labels=None``) feature space, cached.
+
+    ``images`` are real training images in [-1, 1]. The cache file is named after the task, the data,
+    the image shape and the training steps, so every run on that data shares one feature space, and a
+    classifier trained for another number of steps (another network) never answers for this one.
+    """
+    channels, height, width = images.shape[1:]
+    path = Path(cache_dir).expanduser() / f"{kind}-{data_id}-{channels}x{height}x{width}-{steps}steps.pt"
+    if path.exists():
+        saved = read_verified(path)
+        net = ConvClassifier(channels, width, saved["num_classes"], saved["width"])
+        try:
+            net.load_state_dict(saved["state_dict"])
+        except RuntimeError:  # written by an older version of ConvClassifier
+            raise ConfigError(f"{path} holds a classifier of another architecture: delete it and its "
+                              ".sha256 file to retrain") from None
+    else:
+        start = time.perf_counter()
+        labels = None if labels is None else labels.to(images.device)
+        net, accuracy, held_out = train_classifier(images, labels, steps)
+        log.info(f"{kind} features for {data_id}: trained a CNN in {time.perf_counter() - start:.1f} s, "
+                 f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
+        write_verified(path, {"state_dict": net.state_dict(), "num_classes": net.head.out_features,
+                              "width": net.width, "accuracy": accuracy})
+    # The head is kept only where it predicts the dataset's classes: the rotation head predicts turns.
+    head = net.head if kind == "classifier" else None
+    return FeatureExtractor(kind, net.body, net.num_features, head).to(images.device)
+
+
+def write_verified(path: Path, payload: dict[str, Any]) -> None:
+    """Save ``payload`` and ``<path>.sha256``, each with :func:`atomic_write` (the checksum last: a crash
+    between the two leaves a file that fails its check, never one that passes it half-written)."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    atomic_write(path, lambda f: f.write(data))
+    checksum = f"{hashlib.sha256(data).hexdigest()}  {path.name}\n".encode()
+    atomic_write(Path(f"{path}.sha256"), lambda f: f.write(checksum))
+
+
+def read_verified(path: Path) -> dict[str, Any]:
+    """Load a file written by :func:`write_verified`, refusing it unless its checksum matches."""
+    data = path.read_bytes()
+    checksum = Path(f"{path}.sha256")
+    expected = checksum.read_text().partition(" ")[0] if checksum.is_file() else None
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise ConfigError(f"{path} does not match its checksum in {checksum.name} (corrupted or modified): "
+                          "delete both files to retrain this feature classifier")
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+# --- inception -----------------------------------------------------------------------------------
+
+class InceptionInput(nn.Module):
+    """[-1, 1] images, 1 or 3 channels -> the uint8 RGB batches torch-fidelity's Inception expects."""
+
+    def forward(self, images: Tensor) -> Tensor:
+        pixels = to_uint8(images)
+        return pixels.expand(-1, 3, -1, -1) if pixels.shape[1] == 1 else pixels
+
+
+def inception_features(weights: str | None = None) -> FeatureExtractor:
+    """Inception-v3 pool3 features from a weights file already on disk; never downloads.
+
+    ``weights=None`` looks where torch.hub caches torch-fidelity's download. The one Inception module
+    is built here and handed to FID and KID alike (KID's own constructor cannot take a weights path).
+    """
+    expected = Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_URL.rsplit("/", 1)[1]
+    path = Path(weights).expanduser() if weights else expected
+    if not path.is_file():
+        raise ConfigError(f"features=inception: no Inception weights at {path}: download {INCEPTION_URL} "
+                          f"to {expected}, or pass inception_weights=<file>")
+    try:
+        from torchmetrics.image.fid import NoTrainInceptionV3
+        network = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"],
+                                     feature_extractor_weights_path=str(path))
+    except ModuleNotFoundError:
+        raise ConfigError("features=inception needs torch-fidelity: pip install -e '.[inception]'") from None
+    return FeatureExtractor("inception", nn.Sequential(InceptionInput(), network), 2048)

@@ -1,0 +1,38 @@
+"""What an evaluation measures: the settings shared by train.py (``eval.*``) and evaluate.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from gan.errors import ConfigError
+
+FEATURES = ("classifier", "rotation", "inception")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What to measure. No defaults here: configs/eval/default.yaml holds the only copy of them, read
+    by train.py (under ``eval``) and evaluate.py (at the top level) alike."""
+
+    num_samples: int  # generated samples per evaluation
+    num_real: int  # at most this many real images behind the image metrics
+    features: str | None  # classifier | rotation | inception; None: classifier if labelled, else rotation
+    inception_weights: str | None  # features=inception: the weights file; None: torch.hub's cache
+    cache_dir: str  # trained feature classifiers and their checksums
+    classifier_steps: int  # training steps of a feature classifier (once per dataset, then cached)
+    batch_size: int  # samples per forward pass
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> EvalSettings:
+        """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), validated."""
+        settings = cls(**{f.name: cfg[f.name] for f in fields(cls)})
+        if settings.num_samples < 4 or settings.num_real < 4:
+            raise ConfigError(f"num_samples={settings.num_samples}, num_real={settings.num_real}: both must "
+                              "be at least 4 (precision/recall looks at each sample's 3 nearest neighbours)")
+        if settings.batch_size < 1 or settings.classifier_steps < 1:
+            raise ConfigError(f"batch_size={settings.batch_size}, classifier_steps={settings.classifier_steps}: "
+                              "both must be >= 1")
+        if settings.features not in (None, *FEATURES):
+            raise ConfigError(f"features={settings.features}: use {' | '.join(FEATURES)}")
+        return settings

@@ -1,0 +1,161 @@
+"""The autograd contract, checked while training (``audit=true``; always on in tests and debug presets).
+
+Each check raises :class:`AuditError` naming the module and parameter (or buffer, or logged value)
+at the first violation:
+
+* a D update leaves every G gradient untouched (None stays None) and gives every D parameter a
+  gradient (that losses and gradients are finite is checked on every run: GANModule.on_before_optimizer_step);
+* before each backward, the network it updates holds no gradient (none accumulates across steps);
+* a G update gives D's parameters no gradient and changes none of D's weights or buffers, except the
+  running statistics a train-mode forward updates (see :func:`expected_to_change`);
+* sampling leaves every generator parameter and buffer bit-identical, restores train/eval mode and
+  ``requires_grad`` flags, and returns tensors without a graph;
+* values sent to loggers are plain Python numbers.
+
+The gradient checks hang on Lightning's hooks (``on_before_backward``, ``on_before_optimizer_step``),
+so the training step itself carries no audit code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+class AuditError(AssertionError):
+    """The training code broke an autograd rule this project relies on."""
+
+
+def snapshot(tensors: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
+    return {name: None if t is None else t.detach().clone() for name, t in tensors.items()}
+
+
+def first_difference(before: dict[str, Tensor | None], after: dict[str, Tensor | None]) -> str | None:
+    """Name of the first entry that changed (None <-> tensor, or any element), else None."""
+    for name, old in before.items():
+        new = after[name]
+        if (old is None) != (new is None) or (old is not None and not torch.equal(old, new)):
+            return name
+    return None
+
+
+def grads(module: nn.Module) -> dict[str, Tensor | None]:
+    return {name: p.grad for name, p in module.named_parameters()}
+
+
+def expected_to_change(D: nn.Module) -> set[str]:
+    """D's buffers that a train-mode forward updates, in the G update too.
+
+    Policy: D stays in train mode while it is frozen for the G update, so that G is judged by the same
+    function D is trained as (BatchNorm normalizes with the batch's statistics). Each such forward moves
+    BatchNorm's running statistics (used only in eval mode, which training never puts D in) and runs
+    one power iteration of spectral normalization (its vectors ``_u``, ``_v``). No other buffer of D
+    may change in the G update.
+    """
+    names = set()
+    for prefix, module in D.named_modules():
+        if isinstance(module, _BatchNorm) or type(module).__name__ == "_SpectralNorm":
+            names.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_buffers(recurse=False))
+    return names
+
+
+class AutogradAudit(L.Callback):
+    """Checks the detach / freeze split of every D and G update of a :class:`GANModule`.
+
+    The phase of each backward is known from the order of a generator step: ``d_steps`` D updates,
+    then one G update.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        # D's state is recorded right after the last D update of each step, before the G update runs
+        # D forward: no Lightning hook sits there, the optimizer's own step hook does.
+        d_ids = {id(p) for p in pl_module.D.parameters()}
+        opt_d = next(opt for opt in trainer.optimizers
+                     if any(id(p) in d_ids for group in opt.param_groups for p in group["params"]))
+        self.hook = opt_d.register_step_post_hook(lambda *args: self.after_d_step(pl_module))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.hook.remove()
+
+    def after_d_step(self, pl_module: Any) -> None:
+        if self.d_updates == pl_module.d_steps:
+            self.d_state = snapshot({**dict(pl_module.D.named_parameters()), **dict(pl_module.D.named_buffers())})
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.d_updates = 0
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
+        phase = "D" if self.d_updates < pl_module.d_steps else "G"
+        updated = pl_module.D if phase == "D" else pl_module.G
+        for name, p in updated.named_parameters():
+            if p.grad is not None:
+                raise AuditError(f"{phase}.{name} already holds a gradient before the {phase} backward: it "
+                                 "would be added to, not replaced; call zero_grad(set_to_none=True) first")
+        self.g_grads, self.d_grads = snapshot(grads(pl_module.G)), snapshot(grads(pl_module.D))
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
+        d_ids = {id(p) for p in pl_module.D.parameters()}
+        if any(id(p) in d_ids for group in optimizer.param_groups for p in group["params"]):
+            self.check_d_update(pl_module)
+            self.d_updates += 1
+        else:
+            self.check_g_update(pl_module)
+
+    def check_d_update(self, pl_module: Any) -> None:
+        changed = first_difference(self.g_grads, grads(pl_module.G))
+        if changed:
+            raise AuditError(f"D update changed the gradient of G.{changed}: the D loss must use fake.detach()")
+        for name, p in pl_module.D.named_parameters():
+            if p.requires_grad and p.grad is None:
+                raise AuditError(f"D update left D.{name} with no gradient")
+
+    def check_g_update(self, pl_module: Any) -> None:
+        changed = first_difference(self.d_grads, grads(pl_module.D))
+        if changed:
+            raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        D = pl_module.D
+        allowed = expected_to_change(D)
+        kept = {name: t for name, t in self.d_state.items() if name not in allowed}
+        changed = first_difference(kept, {**dict(D.named_parameters()), **dict(D.named_buffers())})
+        if changed:
+            raise AuditError(f"G update changed D.{changed}: only BatchNorm running statistics and "
+                             "spectral-norm vectors of D may move in the G update")
+
+
+def checked_sampling(generator: nn.Module, sample: Callable[[], Tensor]) -> Tensor:
+    """Run ``sample()`` and check it left ``generator`` exactly as it was and returned no graph."""
+    state = snapshot(dict(generator.state_dict(keep_vars=True)))
+    modes = [(name, m.training) for name, m in generator.named_modules()]
+    flags = [(name, p.requires_grad) for name, p in generator.named_parameters()]
+    out = sample()
+    changed = first_difference(state, dict(generator.state_dict(keep_vars=True)))
+    if changed:
+        raise AuditError(f"sampling changed generator.{changed}: sample in eval mode under no_grad "
+                         "(gan.core.contexts.evaluating)")
+    after_modes = dict((name, m.training) for name, m in generator.named_modules())
+    for name, mode in modes:
+        if after_modes[name] != mode:
+            raise AuditError(f"sampling left generator.{name or '<root>'} in the wrong train/eval mode")
+    after_flags = dict((name, p.requires_grad) for name, p in generator.named_parameters())
+    for name, flag in flags:
+        if after_flags[name] != flag:
+            raise AuditError(f"sampling changed requires_grad of generator.{name}")
+    if out.requires_grad or out.grad_fn is not None:
+        raise AuditError("sampling returned a tensor attached to a graph: sample under torch.no_grad()")
+    return out
+
+
+def check_plain_numbers(values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise AuditError(f"logged value '{name}' is {type(value).__name__} {value!r}, "
+                             "not a finite Python number: log .item()")

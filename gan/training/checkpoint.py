@@ -1,0 +1,62 @@
+"""Files written atomically: checkpoints, and every other file a reader must never see half-written;
+and checkpoints read back safely."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from gan.errors import ConfigError
+from gan.files import atomic_write
+from gan.training.legacy import upgrade
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``torch.save`` through :func:`atomic_write`.
+
+    Lightning's own writer stages the bytes in the system temp directory and *moves* them, which
+    degrades to a non-atomic copy when the run directory is on another filesystem.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+# torch.load(weights_only=True)'s words for a pickled object it will not rebuild.
+UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
+    """The checkpoint train.py wrote at ``path``, as ``torch.load(weights_only=True)`` reads it: tensors
+    and plain containers only, so a file that holds any other pickled object -- which unpickling would
+    call, and which could run any code -- is refused before anything in it runs. ``key`` is the setting
+    that named the file (``ckpt_path``, ``ckpt``), for the ConfigError of a file that is no checkpoint."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file fails in many ways: zip, EOF, unpickling
+        if unsafe := UNSAFE_GLOBAL.search(str(e)):
+            raise ConfigError(f"{key}={path} refused: it holds a pickled {unsafe[1]}, which loading it would call; "
+                              "load only checkpoints train.py wrote") from None
+        raise ConfigError(f"{key}={path} is not a readable checkpoint ({type(e).__name__}: truncated, or no "
+                          "checkpoint): give another, e.g. a step_*.ckpt beside it") from None
+    if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
+        raise ConfigError(f"{key}={path} is not a train.py checkpoint (it has no state_dict and hyper_parameters)")
+    upgrade(checkpoint)
+    return checkpoint
+
+
+
+
+def mismatched(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], listed: int = 3) -> str:
+    """The tensors where a checkpoint's state dict (``found``) does not fit a module's (``expected``),
+    the first ``listed`` by name and shape, then how many more; empty when it fits."""
+    problems = ([f"{k} {tuple(found[k].shape)} in the checkpoint, {tuple(v.shape)} here"
+                 for k, v in expected.items() if k in found and found[k].shape != v.shape]
+                + [f"{k} missing" for k in expected if k not in found]
+                + [f"{k} not in this model" for k in found if k not in expected])
+    more = f"; {len(problems) - listed} more" if len(problems) > listed else ""
+    return "; ".join(problems[:listed]) + more

@@ -1,0 +1,116 @@
+"""Checks of a composed training config and its run directory, made before anything is written: each
+failure is a ConfigError that names the value and the fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from gan.cli import reported
+from gan.data.datasets import is_point_data
+from gan.errors import ConfigError
+from gan.training import strategy
+from gan.training.checkpoint import mismatched, read_checkpoint
+from gan.training.module import GANModule
+from gan.training.schema import TrainConfig, conform
+
+
+def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
+    """Refuse to write a new run over an existing one's checkpoints."""
+    existing = run_dir / "checkpoints"
+    if existing.is_dir() and any(existing.iterdir()):
+        resuming_here = ckpt_path is not None and Path(ckpt_path).resolve().parent == existing.resolve()
+        if not resuming_here:
+            raise ConfigError(f"{run_dir} already holds a run's checkpoints: choose a new hydra.run.dir, "
+                              f"or resume it with ckpt_path={existing / 'last.ckpt'}")
+
+
+def check_writable(run_dir: Path) -> None:
+    """Refuse a run directory that cannot be created or written to."""
+    existing = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is not a directory" if not existing.is_dir() else "is not writable"
+        raise ConfigError(f"hydra.run.dir={run_dir} cannot be written: {existing} {why}; choose another hydra.run.dir")
+
+
+# Lower bounds that types cannot say: key -> (least value, what the key is).
+AT_LEAST = {
+    "trainer.max_steps": (1, "the number of generator steps"),
+    "train.batch_size": (1, "real images per D update, set by data.batch_size"),
+    "train.d_steps": (1, "D updates per generator step, set by loss.d_steps"),
+    "train.z_dim": (1, "the size of G's noise vector"),
+    "ema.start": (0, "generator steps during which the EMA copy follows G"),
+    "log.every": (1, "generator steps between logged scalars"),
+    "log.sample_every": (1, "generator steps between sample grids"),
+    "checkpoint.every": (1, "generator steps between periodic checkpoints"),
+    "checkpoint.keep": (0, "periodic checkpoints kept besides last.ckpt; 0 keeps them all"),
+}
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with its values converted to their types (gan/training/schema.py); a ConfigError names the first
+    value that has the wrong type or lies out of range, and the fix."""
+    cfg = conform(cfg, TrainConfig)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} has no value: give one, e.g. python train.py {missing[0]}=<value>")
+    for key, (least, meaning) in AT_LEAST.items():
+        if (value := OmegaConf.select(cfg, key)) < least:
+            raise ConfigError(f"{key}={value}: it must be >= {least} ({meaning})")
+    for network in ("g", "d"):
+        lr = cfg.optim[network].lr
+        if not lr > 0:  # NaN too
+            raise ConfigError(f"optim.{network}.lr={lr}: a learning rate must be > 0")
+    if not 0 <= cfg.ema.decay < 1:
+        raise ConfigError(f"ema.decay={cfg.ema.decay}: it must be in [0, 1) (0.999 averages over about the "
+                          "last 1,000 generator steps)")
+    if not is_point_data(cfg.data.name) and (cfg.data.image_size < 1 or cfg.data.channels not in (1, 3)):
+        raise ConfigError(f"data.image_size={cfg.data.image_size}, data.channels={cfg.data.channels}: images need a "
+                          "size >= 1 (model=dcgan: >= 4) and 1 (grayscale) or 3 (RGB) channels")
+    if cfg.trainer.strategy == "ddp":
+        raise ConfigError("trainer.strategy=ddp wraps the whole module in one DistributedDataParallel, which fails "
+                          "when a backward leaves parameters without gradients, as every GAN step does (fake.detach(), "
+                          f"frozen D): use trainer=ddp ({strategy.NAME}: G and D wrapped separately) or "
+                          "trainer=ddp_find_unused")
+    if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
+        raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
+                          "CPUs): leave it false here")
+    if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
+                          "<run>/checkpoints/last.ckpt")
+    return cfg
+
+
+class CheckBeforeWriting(Callback):
+    """A Hydra callback (configs/train.yaml): train.py's checks of its config and run directory, made
+    before Hydra writes ``<run>/.hydra/`` -- which, for a run refused because its directory holds
+    another run, would overwrite that run's. :func:`train` makes them again, for callers without Hydra."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(config.hydra.run.dir)
+        task = OmegaConf.to_container(config)
+        del task["hydra"]
+        task["paths"]["run_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} will be; not set yet
+        with reported():  # Hydra turns an exception raised in a callback into a warning, and runs on
+            cfg = validate(OmegaConf.create(task))
+            check_run_dir(run_dir, cfg.ckpt_path)
+            check_writable(run_dir)
+
+
+def check_resumable(module: GANModule, ckpt_path: str) -> None:
+    """Refuse a checkpoint that cannot resume ``module``: no checkpoint, an unsafe one, or one of other networks.
+
+    The file is read here once more than Lightning reads it (weights_only, on the CPU): Lightning's
+    own errors for such files are tracebacks, and for other networks a list of every tensor.
+    """
+    problems = mismatched(module.state_dict(), read_checkpoint(ckpt_path, "ckpt_path")["state_dict"])
+    if problems:
+        overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
+        raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
+                          "resume with the overrides its run was trained with"
+                          + (f" ({overrides})" if overrides.is_file() else ""))
