@@ -11,9 +11,9 @@ from mutation import D_NOT_FROZEN, NO_ZERO_GRAD_G, WITHOUT_DETACH, mutated_step
 
 import gan.training.builder
 import gan.training.module
+from gan.core.objective import Objective
 from gan.training.audit import AuditError, check_plain_numbers, expected_to_change
-from gan.training.builder import train
-from gan.training.module import GANModule
+from gan.training.builder import build_module, train
 
 
 def tiny(tmp_path, *overrides: str):
@@ -50,23 +50,21 @@ def test_gradients_accumulated_across_steps_are_caught(tmp_path):
         train(tiny(tmp_path))
 
 
-class TouchesD(GANModule):
-    """A G loss that also writes one of D's buffers (one that no forward of D updates)."""
-
-    def g_loss(self, fake, y):
-        self.D.calls += 1
-        return super().g_loss(fake, y)
-
-
 def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
-    original_init = GANModule.__init__
+    """Planted: a G loss that also writes one of D's buffers (one that no forward of D updates)."""
+    build_models, g_loss = gan.training.builder.build_models, Objective.g_loss
 
-    def with_buffer(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        self.D.register_buffer("calls", torch.zeros(()))
+    def with_buffer(*args, **kwargs):
+        G, D = build_models(*args, **kwargs)
+        D.register_buffer("calls", torch.zeros(()))
+        return G, D
 
-    monkeypatch.setattr(TouchesD, "__init__", with_buffer)
-    monkeypatch.setattr(gan.training.builder, "GANModule", TouchesD)
+    def touching_d(self, D, fake, labels):
+        D.calls += 1
+        return g_loss(self, D, fake, labels)
+
+    monkeypatch.setattr(gan.training.builder, "build_models", with_buffer)
+    monkeypatch.setattr(Objective, "g_loss", touching_d)
     with pytest.raises(AuditError, match=r"G update changed D\.calls"):
         train(tiny(tmp_path))
 
@@ -80,13 +78,13 @@ def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm
     from gan.core import step
 
     cfg = compose_config("debug=tiny", "model.spectral_norm=true", run_dir=tmp_path)
-    module = GANModule(OmegaConf.to_container(cfg, resolve=True), (1, 16, 16))
+    module = build_module(OmegaConf.to_container(cfg, resolve=True), (1, 16, 16))
     allowed = expected_to_change(module.D)
     assert {"net.3.running_mean", "net.3.running_var", "net.3.num_batches_tracked"} <= allowed
     assert {"net.0.parametrizations.weight.0._u", "net.0.parametrizations.weight.0._v"} <= allowed
     before = {n: b.clone() for n, b in module.D.named_buffers()}
     opt_g = torch.optim.Adam(module.G.parameters())
-    step.g_update(module.D, opt_g, module.g_loss, module.G(torch.randn(8, module.z_dim)), None)
+    step.g_update(module.D, opt_g, module.objective.g_loss, module.G(torch.randn(8, module.z_dim)), None)
     changed = {n for n, b in module.D.named_buffers() if not torch.equal(b, before[n])}
     assert changed <= allowed
     assert {"net.3.running_mean", "net.3.running_var", "net.3.num_batches_tracked",

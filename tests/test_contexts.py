@@ -12,6 +12,7 @@ from gan.core.contexts import evaluating
 from gan.evaluation.features import FeatureExtractor
 from gan.evaluation.metrics import ImageMetrics
 from gan.evaluation.sampling import generate_samples, sample_and_score
+from gan.training.builder import build_module
 from gan.training.module import GANModule
 
 
@@ -41,7 +42,7 @@ def assert_no_graph(*tensors: torch.Tensor) -> None:
 def dcgan_module(ema: bool) -> GANModule:
     """A digits DCGAN (BatchNorm in G) whose BatchNorm statistics have moved off their initial values."""
     cfg = OmegaConf.to_container(compose_config("debug=tiny", f"ema.enabled={ema}"), resolve=True)
-    module = GANModule(cfg, (1, 16, 16), 0)
+    module = build_module(cfg, (1, 16, 16), 0)
     module.G(torch.randn(8, module.z_dim))  # one train-mode forward: running stats and counters move
     return module
 

@@ -80,11 +80,11 @@ def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
         ada.accumulate(real[step])
         if (step + 1) % ada.interval == 0:
             ada.adjust(BATCH * RANKS)
-    assert torch.allclose(final["d_real_mean.value"], real_mean.value)
-    assert torch.allclose(final["d_fake_mean.value"], fake_mean.value)
-    assert final["augment.p"] == ada.p != 0.5
-    assert final["augment.sign_sum"] == ada.sign_sum
-    assert final["augment.sign_count"] == ada.sign_count == 2 * BATCH * RANKS  # steps 5 and 6, both ranks
+    assert torch.allclose(final["objective.d_real_mean.value"], real_mean.value)
+    assert torch.allclose(final["objective.d_fake_mean.value"], fake_mean.value)
+    assert final["objective.augment.p"] == ada.p != 0.5
+    assert final["objective.augment.sign_sum"] == ada.sign_sum
+    assert final["objective.augment.sign_count"] == ada.sign_count == 2 * BATCH * RANKS  # steps 5 and 6, both ranks
 
 
 def test_samples_and_metrics_are_made_once(separate_ddp):

@@ -99,8 +99,10 @@ def test_digits_run_evaluation_writes_files_tensorboard_and_repeats_exactly(digi
     first = (run / "eval" / "metrics.json").read_bytes()
     assert run_evaluate(*args) == 0
     assert (run / "eval" / "metrics.json").read_bytes() == first  # same seed, same numbers
-    assert run_evaluate(*args, "seed=1") == 0
-    assert json.loads((run / "eval" / "metrics.json").read_text())["fid"] != metrics["fid"]
+    samples = np.load(run / "eval" / "samples.npz")["samples"]
+    assert run_evaluate(*args, "seed=1") == 0  # another seed: other samples, other numbers
+    assert not np.array_equal(np.load(run / "eval" / "samples.npz")["samples"], samples)
+    assert json.loads((run / "eval" / "metrics.json").read_text()) != metrics
 
 
 def test_ring_run_evaluation_by_the_mode_protocol(ring_run, tmp_path):

@@ -15,7 +15,7 @@ from test_data import make_mnist_split
 from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
 from gan.evaluation.app import with_run_classifier_steps
-from gan.training.module import GANModule
+from gan.training.builder import build_module
 
 PRESETS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
@@ -33,7 +33,7 @@ def test_every_recipe_composes_and_names_its_data(preset):
 @pytest.mark.parametrize("preset", ["ring", "grid"])
 def test_2d_recipes_build_their_module(preset):
     cfg = compose_config(f"experiment={preset}")
-    module = GANModule(OmegaConf.to_container(cfg, resolve=True), (2,))
+    module = build_module(OmegaConf.to_container(cfg, resolve=True), (2,))
     assert cfg.data.name == preset and cfg.model.name == "mlp" and cfg.reg.name == "r1"
     assert len(module.configure_optimizers()[1]) == 2  # optim.decay=linear: one schedule per optimizer
 
@@ -66,7 +66,7 @@ def test_image_presets_build_a_gan_for_their_data(tmp_path, name, folder, shape)
         make_mnist_split(tmp_path / folder / "raw", "t10k", 8)
         images, _ = build_dataset(container["data"], cfg.seed).tensors
         assert images.shape == (8, *shape)
-    module = GANModule(container, data_shape(container["data"]))
+    module = build_module(container, data_shape(container["data"]))
     with torch.no_grad():
         fake = module.G(torch.randn(4, cfg.train.z_dim))
         assert fake.shape == (4, *shape) and module.D(fake).shape[0] == 4

@@ -12,6 +12,7 @@ from conftest import compose_config
 from gan.core.contexts import evaluating, frozen
 from gan.data.datasets import data_shape
 from gan.data.module import GANDataModule
+from gan.training.builder import build_module
 from gan.training.module import GANModule
 
 
@@ -58,8 +59,8 @@ def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
     from omegaconf import OmegaConf
 
     cfg = compose_config("debug=tiny", "audit=false", f"model.conditional={conditional}", run_dir=tmp_path)
-    module = GANModule(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)),
-                       num_classes=10 if conditional else 0)
+    module = build_module(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)),
+                          10 if conditional else 0)
     user_frozen = module.D.net[0].weight
     user_frozen.requires_grad_(False)  # a layer frozen on purpose must stay frozen
     probe = Probe()

@@ -8,7 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
-from gan.core.regularizers import lecam_penalty, r1_penalty
+from gan.core.losses import get_loss
+from gan.core.objective import Objective
+from gan.core.regularizers import build_regularizer, lecam_penalty, r1_penalty
+from gan.core.step import DUpdate
 
 X_REAL = torch.tensor([[1.0, 2.0], [-1.0, 0.5], [0.0, -2.0]], dtype=torch.float64)
 X_FAKE = torch.tensor([[0.5, 0.5], [2.0, -1.0], [-1.5, 1.0]], dtype=torch.float64)
@@ -69,62 +72,66 @@ def test_spectral_norm_output_and_gradient_by_hand():
     assert torch.allclose(dw, expected)
 
 
-# --- the penalties wired into D's loss (GANModule.d_loss), against a known critic ----------------------------
+# --- the penalties wired into D's loss (Objective.d_loss), against a known critic ------------------------------
 
 W = torch.tensor([[0.6, -0.8]])  # |w| = 1.0: would zero the gradient penalty, so it is scaled below
 
 
-def ring_module(*overrides: str):
-    from conftest import compose_config
-    from omegaconf import OmegaConf
-
-    from gan.training.module import GANModule
-
-    cfg = compose_config("data=ring", "model=mlp", "augment=none", *overrides)
-    module = GANModule(OmegaConf.to_container(cfg, resolve=True), (2,))
-    # D(x) = w . x: grad_x D(x) = w for every x, so each penalty has a closed form.
-    module.D = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Flatten(0))
-    module.D[0].weight.data = (1.5 * W).to(torch.get_default_dtype())
-    return module
+def linear_critic():
+    """D(x) = w . x: grad_x D(x) = w for every x, so each penalty has a closed form."""
+    D = nn.Sequential(nn.Linear(2, 1, bias=False), nn.Flatten(0))
+    D[0].weight.data = (1.5 * W).to(torch.get_default_dtype())
+    return D, D[0].weight.detach()[0]
 
 
 def test_d_loss_adds_r1_with_gain_gamma_over_2_times_every_on_due_steps_only():
-    module = ring_module("reg=r1", "reg.gamma=2.0", "reg.every=4", "loss=nonsaturating")
-    w = module.D[0].weight.detach()[0]
+    objective = Objective(get_loss("nonsaturating"), build_regularizer({"name": "r1", "gamma": 2.0, "every": 4}))
+    D, w = linear_critic()
     real, fake = X_REAL.to(w.dtype), X_FAKE.to(w.dtype)
     plain = F.softplus(-(real @ w)).mean() + F.softplus(fake @ w).mean()
     r1 = w.pow(2).sum()  # E|grad_x D|^2 = |w|^2
-    loss, real_logits, fake_logits = module.d_loss(real, fake, None)  # D update 0: due
+    loss, real_logits, fake_logits = objective.d_loss(D, real, fake, None, 0)  # D update 0: due
     assert torch.allclose(loss, plain + 2.0 / 2 * 4 * r1)
     assert torch.allclose(real_logits, real @ w) and torch.allclose(fake_logits, fake @ w)
-    module.counters.d = 1  # D update 1 of every 4: R1 not due
-    assert torch.allclose(module.d_loss(real, fake, None)[0], plain)
+    assert torch.allclose(objective.d_loss(D, real, fake, None, 1)[0], plain)  # update 1 of every 4: not due
+    assert torch.allclose(objective.d_loss(D, real, fake, None, 8)[0], plain + 2.0 / 2 * 4 * r1)
 
 
-def test_d_loss_adds_lecam_with_each_anchor_on_the_other_side():
-    module = ring_module("reg=lecam", "reg.weight=0.3", "loss=hinge")
-    w = module.D[0].weight.detach()[0]
+def test_d_loss_adds_lecam_with_each_anchor_on_the_other_side_and_moves_no_statistic():
+    objective = Objective(get_loss("hinge"), build_regularizer({"name": "lecam", "weight": 0.3}))
+    D, w = linear_critic()
     real, fake = X_REAL.to(w.dtype), X_FAKE.to(w.dtype)
     r, f = real @ w, fake @ w
-    # Running means already under way: d_loss first moves them 1% toward this batch, then anchors on them.
-    module.d_real_mean.value.fill_(2.0), module.d_real_mean.count.fill_(5)
-    module.d_fake_mean.value.fill_(-3.0), module.d_fake_mean.count.fill_(5)
-    real_anchor, fake_anchor = 2.0 + 0.01 * (r.mean() - 2.0), -3.0 + 0.01 * (f.mean() + 3.0)
+    objective.d_real_mean.value.fill_(2.0), objective.d_real_mean.count.fill_(5)
+    objective.d_fake_mean.value.fill_(-3.0), objective.d_fake_mean.count.fill_(5)
     hinge = F.relu(1 - r).mean() + F.relu(1 + f).mean()
-    lecam = (r - fake_anchor).pow(2).mean() + (f - real_anchor).pow(2).mean()
-    loss, _, _ = module.d_loss(real, fake, None)
+    lecam = (r - -3.0).pow(2).mean() + (f - 2.0).pow(2).mean()  # anchors: the means as they stand
+    loss, real_logits, fake_logits = objective.d_loss(D, real, fake, None)
     assert torch.allclose(loss, hinge + 0.3 * lecam)
-    swapped = (r - real_anchor).pow(2).mean() + (f - fake_anchor).pow(2).mean()
+    swapped = (r - 2.0).pow(2).mean() + (f - -3.0).pow(2).mean()
     assert not torch.allclose(loss, hinge + 0.3 * swapped)  # the anchors' sides are distinguishable here
+    assert objective.d_real_mean.value.item() == 2.0  # computing a loss moved nothing
+    objective.observe(DUpdate(loss.detach(), real_logits.detach(), fake_logits.detach()))  # the explicit update
+    assert torch.allclose(objective.d_real_mean.value, 2.0 + 0.01 * (r.mean() - 2.0))
+    assert torch.allclose(objective.d_fake_mean.value, -3.0 + 0.01 * (f.mean() + 3.0))
+
+
+def test_a_non_finite_d_update_moves_no_statistic():
+    objective = Objective(get_loss("hinge"), build_regularizer({"name": "lecam", "weight": 0.3}))
+    objective.d_real_mean.value.fill_(2.0), objective.d_real_mean.count.fill_(5)
+    inf = torch.tensor([float("inf"), 1.0])
+    objective.observe(DUpdate(torch.tensor(float("nan")), inf, torch.ones(2)))
+    assert objective.d_real_mean.value.item() == 2.0 and objective.d_real_mean.count.item() == 5
+    assert objective.d_fake_mean.count.item() == 0
 
 
 def test_d_loss_adds_the_gradient_penalty_times_its_weight():
-    module = ring_module("reg=none", "loss=wgan_gp", "loss.gp_weight=10.0")
-    w = module.D[0].weight.detach()[0]
+    objective = Objective(get_loss("wgan_gp"), build_regularizer({"name": "none"}), gp_weight=10.0)
+    D, w = linear_critic()
     real, fake = X_REAL.to(w.dtype), X_FAKE.to(w.dtype)
     wasserstein = (fake @ w).mean() - (real @ w).mean()
     gp = (w.norm() - 1).pow(2)  # |grad D(x_hat)| = |w| = 1.5 at every interpolate
-    loss, _, _ = module.d_loss(real, fake, None)
+    loss, _, _ = objective.d_loss(D, real, fake, None)
     assert torch.allclose(loss, wasserstein + 10.0 * gp)
 
 

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from gan.core.state import EMAGenerator, RunningMean, StepCounters
 from gan.data.datasets import data_shape
+from gan.training.builder import build_module
 from gan.training.module import GANModule
 
 FULL = ["debug=tiny", "augment=ada", "reg=lecam", "model.spectral_norm=true", "model.conditional=true"]
@@ -18,16 +19,15 @@ FULL = ["debug=tiny", "augment=ada", "reg=lecam", "model.spectral_norm=true", "m
 
 def build(*overrides: str) -> GANModule:
     cfg = compose_config(*FULL, *overrides)
-    return GANModule(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)), num_classes=10)
+    return build_module(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)), 10)
 
 
 def test_every_buffer_is_saved_and_never_optimized():
     module = build()
     buffers = dict(module.named_buffers())
     expected = {"counters.g_steps", "counters.d_steps", "counters.images_seen", "counters.skipped_g",
-                "counters.skipped_d", "d_real_mean.value",
-                "d_fake_mean.value", "augment.p", "augment.sign_sum", "sample_noise", "sample_labels",
-                "ema.num_updates"}
+                "counters.skipped_d", "objective.d_real_mean.value", "objective.d_fake_mean.value",
+                "objective.augment.p", "objective.augment.sign_sum", "sample_noise", "sample_labels"}
     assert expected <= set(buffers)
     assert any(name.startswith("D.") and name.endswith("_u") for name in buffers)  # spectral norm
     ema_weights = {n for n in buffers if n.startswith("ema.generator.")}
@@ -98,7 +98,8 @@ def test_ema_copies_during_warmup_then_averages_with_ramped_decay():
     ema.update(g, g_step=3)  # first average: decay min(0.999, 1/10) = 0.1
     assert torch.allclose(ema.generator[0].weight, torch.full((2, 2), 0.1 * 1.0 + 0.9 * 3.0))
     assert torch.equal(ema.generator[1].running_mean, g[1].running_mean)  # BatchNorm stats: copied
-    assert int(ema.num_updates) == 1
+    ema.update(g, g_step=4)  # second: min(0.999, 2/11)
+    assert torch.allclose(ema.generator[0].weight, torch.full((2, 2), 2 / 11 * 2.8 + 9 / 11 * 3.0))
 
 
 def test_counter_mirrors_follow_counting_and_loading():

@@ -11,7 +11,7 @@ import torch
 from conftest import compose_config, read_events
 
 from gan.core.phases import PHASES, PhaseTimer
-from gan.training.builder import train
+from gan.training.builder import build_module, train
 from gan.training.timing import StepTimer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -99,11 +99,10 @@ def fit_on_gpu(tmp_path, steps: int, callbacks: list, *overrides: str):
 
     from gan.data.datasets import data_shape
     from gan.data.module import GANDataModule
-    from gan.training.module import GANModule
 
     cfg = compose_config("debug=tiny", "audit=false", "log.every=1000", *overrides, run_dir=tmp_path)
     container = OmegaConf.to_container(cfg, resolve=True)
-    module = GANModule(container, data_shape(container["data"]))
+    module = build_module(container, data_shape(container["data"]))
     trainer = L.Trainer(max_steps=steps * (cfg.train.d_steps + 1), accelerator="gpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         callbacks=[*callbacks, StepTimer(1000)])  # phases timed with CUDA events

@@ -88,15 +88,20 @@ class Augment(nn.Module):
         return x
 
     @torch.no_grad()
-    def accumulate(self, real_logits: Tensor) -> None:
+    def accumulate(self, real_logits: Tensor, keep: Tensor | None = None) -> None:
         """Add the signs of D's outputs on a real batch; under DDP, on every rank's real batch.
 
         Summed over the ranks as they come in, not at the adjustment: the accumulators, and so r_t and
         ``p``, are then the same on every rank at every step, and a checkpoint (rank 0's) holds the
         whole count, which a resumed run sums on from.
         """
-        self.sign_sum += sum_over_ranks(real_logits.sign().sum().to(self.sign_sum.dtype))
-        self.sign_count += real_logits.numel() * world_size()
+        signs = sum_over_ranks(real_logits.sign().sum().to(self.sign_sum.dtype))
+        if keep is None:
+            self.sign_sum += signs
+            self.sign_count += real_logits.numel() * world_size()
+        else:  # ``keep`` False (non-finite logits): counts nothing, decided on the device
+            self.sign_sum += torch.where(keep, signs, 0.0)
+            self.sign_count += keep.long() * (real_logits.numel() * world_size())
 
     @torch.no_grad()
     def adjust(self, batch_size: int) -> None:

@@ -11,19 +11,24 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from gan.errors import ConfigError
 
 
+def one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(N, K) float one-hot rows. Not ``F.one_hot``: on a CPU it reads the labels' min and max back to check
+    their range, two host reads per call, which on a GPU would be two waits for the device."""
+    return (labels[:, None] == torch.arange(num_classes, device=labels.device)).float()
+
+
 def condition_input(labels: torch.Tensor, num_classes: int, shape: tuple[int, ...]) -> torch.Tensor:
     """One-hot labels shaped to concatenate with a batch of ``shape``: (N, K) or (N, K, H, W) maps."""
-    one_hot = F.one_hot(labels, num_classes).float()
+    rows = one_hot(labels, num_classes)
     if len(shape) == 1:
-        return one_hot
-    return one_hot[:, :, None, None].expand(-1, -1, shape[1], shape[2])
+        return rows
+    return rows[:, :, None, None].expand(-1, -1, shape[1], shape[2])
 
 
 def balanced_labels(num_samples: int, num_classes: int) -> torch.Tensor:
@@ -59,7 +64,7 @@ class MLPGenerator(nn.Module):
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self.num_classes:
-            z = torch.cat((z, F.one_hot(labels, self.num_classes).float()), dim=1)
+            z = torch.cat((z, one_hot(labels, self.num_classes)), dim=1)
         return self.net(z).view(-1, *self.shape)
 
 
@@ -100,7 +105,7 @@ class DCGANGenerator(nn.Module):
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self.num_classes:
-            z = torch.cat((z, F.one_hot(labels, self.num_classes).float()), dim=1)
+            z = torch.cat((z, one_hot(labels, self.num_classes)), dim=1)
         return self.net(z)
 
 

@@ -1,5 +1,7 @@
-"""The phases of a training step and a timer for them (pure PyTorch): the step marks each phase, and the
-timer accumulates its time, with CUDA events on a GPU and the host clock elsewhere."""
+"""The phases of a training step, as the step says them (pure PyTorch): :class:`PhaseTimer` records which
+phase runs now -- so the audit, the non-finite guard and the graph picture read which update is running
+from the step itself -- and accumulates each phase's time, with CUDA events on a GPU and the host clock
+elsewhere."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ PHASES = ("data", "d_forward_backward", "d_optimizer", "g_forward", "g_backward"
 
 
 class PhaseTimer:
-    """Accumulates the time of named phases; :meth:`collect` returns their totals in milliseconds.
+    """The step's ``phase`` hook: records the phase running now (:attr:`current`, :attr:`network`,
+    :attr:`d_update`) and accumulates the time of each; :meth:`collect` returns their totals in
+    milliseconds. ``enabled=False`` records without timing.
 
     On CUDA (``device.type == "cuda"`` and ``sync=False``) a boundary is a CUDA event and nothing
     waits for the GPU until :meth:`collect`; elsewhere it is ``time.perf_counter()``, after a
@@ -28,6 +32,8 @@ class PhaseTimer:
         self.enabled, self.sync = enabled, sync
         self.labels = False  # record_function ranges, set when the PyTorch profiler runs
         self.device = torch.device("cpu")
+        self.current: str | None = None  # the phase running now
+        self.d_update = -1  # which D update of this generator step runs (0-based), or ran last
         self.open: dict[str, Any] = {}
         self.intervals: list[tuple[str, Any, Any]] = []
 
@@ -52,9 +58,21 @@ class PhaseTimer:
         if self.enabled and name in self.open:
             self.intervals.append((name, self.open.pop(name), self.now()))
 
+    @property
+    def network(self) -> str | None:
+        """"D" or "G": the network whose update runs now (its phases start ``d_`` or ``g_``); else None."""
+        return self.current[0].upper() if self.current and self.current[:2] in ("d_", "g_") else None
+
+    def begin_step(self) -> None:
+        """A new generator step: its first D update will be number 0."""
+        self.d_update = -1
+
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time the block as ``name`` (accumulated when a phase occurs twice in a step)."""
+        """Record the block as phase ``name`` and time it (accumulated when a phase occurs twice in a step)."""
+        if name == "d_forward_backward":
+            self.d_update += 1
+        outer, self.current = self.current, name
         # A record_function range costs tens of microseconds even with no profiler listening: labelled
         # only when trainer.profiler=pytorch records them.
         with record_function(f"gan/{name}") if self.labels else nullcontext():
@@ -63,6 +81,7 @@ class PhaseTimer:
                 yield
             finally:
                 self.stop(name)
+                self.current = outer
 
     def collect(self) -> dict[str, float]:
         """Milliseconds per phase since the last call; on CUDA this is the one synchronization."""

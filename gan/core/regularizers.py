@@ -13,7 +13,6 @@ from typing import Any
 from torch import Tensor
 
 from gan.core.losses import input_gradient
-from gan.core.state import RunningMean
 from gan.errors import ConfigError
 
 
@@ -25,9 +24,10 @@ class Regularizer:
         return False
 
     def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
-                scale: Tensor | None = None) -> Tensor | None:
+                scale: Tensor | None = None, anchors: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         """What this regularizer adds to D's loss in update ``d_step``; None for nothing. ``scale``:
-        float16 mixed precision's loss scale (:func:`gan.core.losses.input_gradient`)."""
+        float16 mixed precision's loss scale (:func:`gan.core.losses.input_gradient`); ``anchors``: the
+        running means of D's outputs on real and on fake data (:class:`gan.core.objective.Objective`)."""
         return None
 
 
@@ -47,7 +47,7 @@ class R1(Regularizer):
         return d_step % self.every == 0
 
     def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
-                scale: Tensor | None = None) -> Tensor | None:
+                scale: Tensor | None = None, anchors: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         if not self.needs_input_grad(d_step):
             return None
         return self.gamma / 2 * self.every * r1_penalty(real_logits, real, scale)
@@ -56,26 +56,28 @@ class R1(Regularizer):
 class LeCam(Regularizer):
     """``weight * lecam_penalty``, anchored on running means of D's outputs (Tseng et al., CVPR 2021)."""
 
-    def __init__(self, weight: float, real_mean: RunningMean, fake_mean: RunningMean):
-        self.weight, self.real_mean, self.fake_mean = weight, real_mean, fake_mean
+    def __init__(self, weight: float):
+        self.weight = weight
 
     def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
-                scale: Tensor | None = None) -> Tensor | None:
-        return self.weight * lecam_penalty(real_logits, fake_logits, self.real_mean.value, self.fake_mean.value)
+                scale: Tensor | None = None, anchors: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
+        if anchors is None:
+            raise ValueError("LeCam anchors on the running means of D's outputs: pass anchors=(real, fake)")
+        return self.weight * lecam_penalty(real_logits, fake_logits, *anchors)
 
 
-REGULARIZERS: dict[str, Callable[[dict[str, Any], RunningMean, RunningMean], Regularizer]] = {
-    "none": lambda cfg, real_mean, fake_mean: Regularizer(),
-    "r1": lambda cfg, real_mean, fake_mean: R1(cfg["gamma"], cfg["every"]),
-    "lecam": lambda cfg, real_mean, fake_mean: LeCam(cfg["weight"], real_mean, fake_mean),
+REGULARIZERS: dict[str, Callable[[dict[str, Any]], Regularizer]] = {
+    "none": lambda cfg: Regularizer(),
+    "r1": lambda cfg: R1(cfg["gamma"], cfg["every"]),
+    "lecam": lambda cfg: LeCam(cfg["weight"]),
 }
 
 
-def build_regularizer(cfg: dict[str, Any], real_mean: RunningMean, fake_mean: RunningMean) -> Regularizer:
-    """The regularizer of the ``reg`` config group; LeCam anchors on ``real_mean`` / ``fake_mean``."""
+def build_regularizer(cfg: dict[str, Any]) -> Regularizer:
+    """The regularizer of the ``reg`` config group."""
     if cfg["name"] not in REGULARIZERS:
         raise ConfigError(f"unknown regularizer '{cfg['name']}': use reg={'|'.join(REGULARIZERS)}")
-    return REGULARIZERS[cfg["name"]](cfg, real_mean, fake_mean)
+    return REGULARIZERS[cfg["name"]](cfg)
 
 
 def r1_penalty(real_logits: Tensor, real: Tensor, scale: Tensor | None = None) -> Tensor:

@@ -67,15 +67,20 @@ class RunningMean(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.long))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Move the mean toward ``x.mean()``; under DDP, toward the mean over every rank's ``x`` (all of
-        one size), so that the value is the same on every rank."""
+        one size), so that the value is the same on every rank. ``keep``: a 0-dim bool; where False
+        (e.g. ``x`` is not finite), nothing moves. Decided on the device with torch.where, not with
+        ``if``, which would make the host wait for a GPU at every call."""
         mean = sum_over_ranks(x.detach().mean().to(self.value.dtype)) / world_size()
-        # Bias-free start: the first update sets the mean instead of pulling it from zero. Decided on
-        # the device (torch.where), not with `if self.count == 0`, which would sync a GPU every call.
+        # Bias-free start: the first update sets the mean instead of pulling it from zero.
         weight = torch.where(self.count == 0, 1.0, 1.0 - self.decay).to(self.value.dtype)
-        self.value.lerp_(mean, weight)
-        self.count += 1
+        if keep is None:
+            self.value.lerp_(mean, weight)
+            self.count += 1
+        else:  # where, not a zero weight: lerp toward a NaN with weight 0 is still NaN
+            self.value.copy_(torch.where(keep, self.value.lerp(mean, weight), self.value))
+            self.count += keep.long()
 
 
 class EMAGenerator(nn.Module):
@@ -106,21 +111,23 @@ class EMAGenerator(nn.Module):
                     del module._parameters[name]
                     module.register_buffer(name, param.detach().clone())
         self.generator.requires_grad_(False)
-        self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
+
+    def weight(self, g_step: int) -> float:
+        """How far the average moves toward G after G update number ``g_step`` (1-based): 1 (a copy) during
+        the warm-up, then ``1 - min(decay, (1 + k) / (10 + k))`` at the k-th update after it (k from 0).
+        Computed on the host from the step count: a weight held on the device would be read back at
+        every step (torch's lerp takes its weight as a host number)."""
+        if g_step <= self.start:
+            return 1.0
+        k = g_step - self.start - 1
+        return 1.0 - min(self.decay, (1.0 + k) / (10.0 + k))
 
     @torch.no_grad()
     def update(self, generator: nn.Module, g_step: int) -> None:
         """Average ``generator``'s current weights in; ``g_step`` is the number of G updates so far."""
         averaged = dict(self.generator.named_buffers())
-        if g_step <= self.start:
-            weight = torch.ones((), device=self.num_updates.device)  # warm-up: copy
-        else:
-            # On the device: float(self.num_updates) would make the host wait for a GPU every step.
-            k = self.num_updates.double()
-            weight = 1.0 - ((1.0 + k) / (10.0 + k)).clamp(max=self.decay)
-            self.num_updates += 1
         names, params = zip(*((name, p.detach()) for name, p in generator.named_parameters()))
         # One fused call for all weights rather than one lerp_ (and its dispatch) per tensor.
-        torch._foreach_lerp_([averaged[name] for name in names], list(params), weight.to(params[0].dtype))
+        torch._foreach_lerp_([averaged[name] for name in names], list(params), self.weight(g_step))
         for name, buffer in generator.named_buffers():
             averaged[name].copy_(buffer)

@@ -24,6 +24,7 @@ from gan.evaluation.pictures import real_points_for_plot, render_interpolation, 
 from gan.evaluation.sampling import interpolate, sample_and_score
 from gan.evaluation.settings import EvalSettings
 from gan.files import atomic_write
+from gan.training.builder import build_module
 from gan.training.checkpoint import mismatched, read_checkpoint
 from gan.training.module import GANModule
 from gan.training.schema import EvaluateConfig, conform
@@ -55,7 +56,7 @@ def load_module(path: Path) -> GANModule:
     ckpt = read_checkpoint(path, "ckpt")
     hp = ckpt["hyper_parameters"]
     try:  # a checkpoint of an older version may lack a config key
-        module = GANModule(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
+        module = build_module(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
     except KeyError as e:
         raise ConfigError(f"cannot rebuild a GAN from {path}: its config has no {e}") from None
     problems = mismatched(module.state_dict(), ckpt["state_dict"])

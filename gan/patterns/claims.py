@@ -47,6 +47,7 @@ from gan.core.contexts import evaluating, frozen
 from gan.core.graphs import reachable, saved_tensors
 from gan.core.losses import get_loss
 from gan.core.models import DCGANDiscriminator, MLPDiscriminator, build_models, condition_input
+from gan.training.builder import build_module
 from gan.training.compose import compose
 from gan.training.module import GANModule
 
@@ -375,8 +376,8 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
     # with D left trainable. SGD with lr 0: the weights stay as they are across repeats.
     opt_g = torch.optim.SGD(g.parameters(), lr=0.0)
 
-    def g_loss(fake: Tensor, labels: Tensor | None) -> Tensor:
-        return LOSS.g(d(fake))
+    def g_loss(D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
+        return LOSS.g(D(fake))
 
     def g_update(frozen_d: bool) -> Callable[[], object]:
         g.zero_grad(set_to_none=True)
@@ -387,7 +388,7 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
 
         def trainable() -> None:
             opt_g.zero_grad(set_to_none=True)
-            g_loss(fake, None).backward()
+            g_loss(d, fake, None).backward()
             opt_g.step()
         return trainable
 
@@ -513,22 +514,23 @@ def generator_step_variant(variant: str, g: nn.Module, d: nn.Module, z: Tensor, 
     the D update on the undetached fake, with ``retain_graph=True`` or with neither."""
     opt_g, opt_d = adam(g), adam(d)
 
-    def g_loss(fake: Tensor, labels: Tensor | None) -> Tensor:
-        return LOSS.g(d(fake))
+    def g_loss(D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
+        return LOSS.g(D(fake))
 
     if variant == "detach":
-        return partial(step.generator_step, g, d, opt_g, opt_d, z, real, None, d_loss, g_loss)
+        return partial(step.generator_step, g, d, opt_g, opt_d, [step.Batch(z, real, None)], d_loss, g_loss)
 
     def contrast() -> None:
         fake = g(z)
-        step.d_update(opt_d, d_loss, real, fake, None, partial(Tensor.backward, retain_graph=variant == "retain_graph"))
+        backward = partial(Tensor.backward, retain_graph=variant == "retain_graph")
+        step.d_update(d, opt_d, d_loss, real, fake, None, 0, backward)
         step.g_update(d, opt_g, g_loss, fake, None)
     return contrast
 
 
 def plain_d_loss(d: nn.Module) -> step.DLoss:
-    def d_loss(real: Tensor, fake: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        real_logits, fake_logits = d(real), d(fake)
+    def d_loss(D: nn.Module, real: Tensor, fake: Tensor, labels: Tensor | None, k: int) -> tuple[Tensor, ...]:
+        real_logits, fake_logits = D(real), D(fake)
         return LOSS.d(real_logits, fake_logits), real_logits, fake_logits
     return d_loss
 
@@ -539,9 +541,9 @@ def observed_step(variant: str, g: nn.Module, d: nn.Module, z: Tensor, real: Ten
     seen: dict[str, Any] = {}
     inner = plain_d_loss(d)
 
-    def d_loss(real: Tensor, fake: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def d_loss(D: nn.Module, real: Tensor, fake: Tensor, labels: Tensor | None, k: int) -> tuple[Tensor, ...]:
         seen["d_input_requires_grad"] = fake.requires_grad
-        out = inner(real, fake, labels)
+        out = inner(D, real, fake, labels, k)
         seen["d_loss"] = out[0]
         return out
 
@@ -678,7 +680,7 @@ def training_module(device: torch.device, num_classes: int = 0, width: int = 8) 
     1-channel SIZE x SIZE images, with augmentation and regularizers off (D's loss is the plain loss)."""
     cfg = compose("data=digits", "augment=none", "reg=none", "loss=nonsaturating", f"model.width={width}",
                   f"data.image_size={SIZE}", f"train.z_dim={Z_DIM}", f"model.conditional={bool(num_classes)}")
-    return GANModule(OmegaConf.to_container(cfg, resolve=True), (1, SIZE, SIZE), num_classes).to(device)
+    return build_module(OmegaConf.to_container(cfg, resolve=True), (1, SIZE, SIZE), num_classes).to(device)
 
 
 def gradient_split(module: GANModule, z: Tensor, real: Tensor, labels: Tensor | None) -> dict[str, bool]:
@@ -699,7 +701,8 @@ def gradient_split(module: GANModule, z: Tensor, real: Tensor, labels: Tensor | 
 
     hook = register_optimizer_step_pre_hook(before_step)
     try:
-        step.generator_step(g, d, opt_g, opt_d, z, real, labels, module.d_loss, module.g_loss)
+        step.generator_step(g, d, opt_g, opt_d, [step.Batch(z, real, labels)], module.objective.d_loss,
+                            module.objective.g_loss)
     finally:
         hook.remove()
     return split

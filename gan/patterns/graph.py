@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from gan.core import step
 from gan.core.graphs import ForwardRecorder, Graph, dot_path, draw, text_tree, to_dot
@@ -25,25 +25,25 @@ def step_graphs(device: torch.device, batch: int = 4) -> dict[str, Graph]:
 
     with ForwardRecorder(G=g, D=d) as recorder:
         def recorded_d_loss(name: str, caption: str) -> step.DLoss:
-            def d_loss(real: Tensor, fake: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-                out = module.d_loss(real, fake, labels)
+            def d_loss(D: nn.Module, real: Tensor, fake: Tensor, labels: Tensor | None, k: int) -> tuple[Tensor, ...]:
+                out = module.objective.d_loss(D, real, fake, labels, k)
                 graphs[name] = recorder.graph("D loss", out[0], caption, known)
                 return out
             return d_loss
 
-        def g_loss(fake: Tensor, labels: Tensor | None) -> Tensor:
-            loss = module.g_loss(fake, labels)
+        def g_loss(D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
+            loss = module.objective.g_loss(D, fake, labels)
             graphs["g_loss"] = recorder.graph("G loss", loss, "the G update: through D(fake), with D frozen", known)
             return loss
 
-        step.generator_step(g, d, adam(g), adam(d), z, real, None,
+        step.generator_step(g, d, adam(g), adam(d), [step.Batch(z, real, None)],
                             recorded_d_loss("d_loss", "the D update: D(real) and D(fake.detach())"), g_loss)
 
         fake = g(z)
-        step.d_update(adam(d), recorded_d_loss("d_loss_without_detach", "a D update on the undetached fake"),
+        step.d_update(d, adam(d), recorded_d_loss("d_loss_without_detach", "a D update on the undetached fake"),
                       real, fake, None)
         # The G loss as g_update computes it, without g_update's frozen(D).
-        graphs["g_loss_d_not_frozen"] = recorder.graph("G loss", module.g_loss(g(z), None),
+        graphs["g_loss_d_not_frozen"] = recorder.graph("G loss", module.objective.g_loss(d, g(z), None),
                                                        "a G loss with D not frozen", known)
     with ForwardRecorder(G=g, D=d) as recorder:
         graphs["sampling"] = recorder.graph("samples", module.generate(z), "GANModule.generate, under evaluating(G)")

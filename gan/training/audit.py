@@ -26,6 +26,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 
 class AuditError(AssertionError):
@@ -40,9 +41,14 @@ def first_difference(before: dict[str, Tensor | None], after: dict[str, Tensor |
     """Name of the first entry that changed (None <-> tensor, or any element), else None."""
     for name, old in before.items():
         new = after[name]
-        if (old is None) != (new is None) or (old is not None and not torch.equal(old, new)):
+        if (old is None) != (new is None) or (old is not None and not same(old, new)):
             return name
     return None
+
+
+def same(a: Tensor, b: Tensor) -> bool:
+    """Element for element equal, NaN equal to NaN (a skipped non-finite update leaves NaN gradients)."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0, 0.0, 0.0), b.nan_to_num(0.0, 0.0, 0.0))
 
 
 def grads(module: nn.Module) -> dict[str, Tensor | None]:
@@ -66,32 +72,29 @@ def expected_to_change(D: nn.Module) -> set[str]:
 
 
 class AutogradAudit(L.Callback):
-    """Checks the detach / freeze split of every D and G update of a :class:`GANModule`.
-
-    The phase of each backward is known from the order of a generator step: ``d_steps`` D updates,
-    then one G update.
-    """
+    """Checks the detach / freeze split of every D and G update of a :class:`GANModule`. Which update a
+    backward or an optimizer step belongs to is read from the step's own phase record
+    (``pl_module.timer``: gan/core/phases.py), not guessed."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         # D's state is recorded right after the last D update of each step, before the G update runs
-        # D forward: no Lightning hook sits there, the optimizer's own step hook does.
-        d_ids = {id(p) for p in pl_module.D.parameters()}
-        opt_d = next(opt for opt in trainer.optimizers
-                     if any(id(p) in d_ids for group in opt.param_groups for p in group["params"]))
-        self.hook = opt_d.register_step_post_hook(lambda *args: self.after_d_step(pl_module))
+        # D forward: no Lightning hook sits there, the optimizers' step hook does.
+        self.hook = register_optimizer_step_post_hook(lambda *args: self.after_step(pl_module))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         self.hook.remove()
 
-    def after_d_step(self, pl_module: Any) -> None:
-        if self.d_updates == pl_module.d_steps:
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        if hasattr(self, "hook"):  # training may fail before it starts (e.g. reading the data)
+            self.hook.remove()
+
+    def after_step(self, pl_module: Any) -> None:
+        timer = pl_module.timer
+        if timer.network == "D" and timer.d_update == pl_module.d_steps - 1:
             self.d_state = snapshot({**dict(pl_module.D.named_parameters()), **dict(pl_module.D.named_buffers())})
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.d_updates = 0
-
     def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
-        phase = "D" if self.d_updates < pl_module.d_steps else "G"
+        phase = pl_module.timer.network
         updated = pl_module.D if phase == "D" else pl_module.G
         for name, p in updated.named_parameters():
             if p.grad is not None:
@@ -100,10 +103,8 @@ class AutogradAudit(L.Callback):
         self.g_grads, self.d_grads = snapshot(grads(pl_module.G)), snapshot(grads(pl_module.D))
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
-        d_ids = {id(p) for p in pl_module.D.parameters()}
-        if any(id(p) in d_ids for group in optimizer.param_groups for p in group["params"]):
+        if pl_module.timer.network == "D":
             self.check_d_update(pl_module)
-            self.d_updates += 1
         else:
             self.check_g_update(pl_module)
 

@@ -1,4 +1,6 @@
-"""Builds the data, module, callbacks and Trainer from a composed config, fits, and says what it did."""
+"""The one builder: reads the composed config, builds the data, the module (networks, objective, EMA,
+optimizers) and the callbacks and Trainer from it, fits, and says what it did. Everything below it is
+built from plain arguments."""
 
 from __future__ import annotations
 
@@ -7,11 +9,21 @@ import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
+from hydra.utils import instantiate
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
+from gan.core.augment import build_augment
+from gan.core.losses import get_loss
+from gan.core.models import balanced_labels, build_models
+from gan.core.objective import Objective
+from gan.core.phases import PhaseTimer
+from gan.core.regularizers import R1, build_regularizer
+from gan.core.state import EMAGenerator
 from gan.data.datasets import data_shape, is_point_data, mixture_means, num_classes
 from gan.data.module import GANDataModule
 from gan.errors import ConfigError, Interrupted
@@ -21,7 +33,9 @@ from gan.training.audit import AutogradAudit
 from gan.training.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
 from gan.training.checkpoint import AtomicCheckpointIO
 from gan.training.checks import check_resumable, check_run_dir, check_writable, validate
+from gan.training.guard import NonFiniteGuard
 from gan.training.module import GANModule
+from gan.training.rng import RNGState
 from gan.training.timing import StepTimer
 
 log = logging.getLogger(__name__)
@@ -62,6 +76,39 @@ LIGHTNING_NOISE = LightningNoise()  # one instance: addFilter ignores a filter a
 
 
 
+def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) -> GANModule:
+    """The GANModule a plain-container config describes, for samples of ``shape`` ((2,) for points, (C, H, W)
+    for images) and ``classes`` labels (0: unconditional). Also how evaluate.py rebuilds a run."""
+    train, z_dim = cfg["train"], cfg["train"]["z_dim"]
+    G, D = build_models(cfg["model"], z_dim, shape, classes)
+    gp_weight = float(cfg["loss"].get("gp_weight", 0.0))  # wgan_gp's key
+    objective = Objective(get_loss(cfg["loss"]["name"]), build_regularizer(cfg["reg"]),
+                          build_augment(cfg["augment"], shape), gp_weight, classes, shape)
+    ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
+    images = len(shape) == 3
+    channels_last = bool(train["channels_last"]) and images
+    if channels_last:  # NHWC weights (and batches), which oneDNN's and cuDNN's convolutions prefer
+        G.to(memory_format=torch.channels_last)
+        D.to(memory_format=torch.channels_last)
+    if train["compile"]:  # in place (Module.compile): the state_dict keys stay; the EMA copy stays eager
+        G.compile()
+        if not (gp_weight or isinstance(objective.regularizer, R1)):  # compiled graphs have no double backward
+            D.compile()
+    # Fixed noise (and labels) behind the sample grids; conditional grids get one row per class.
+    n = (cfg["log"]["num_points"] if not images else
+         classes * cfg["log"]["samples_per_class"] if classes else cfg["log"]["num_samples"])
+    timing = cfg["timing"]
+    return GANModule(
+        G, D, objective, ema=ema,
+        optimizers=(instantiate(cfg["optim"]["g"]), instantiate(cfg["optim"]["d"])),
+        lr_decay=cfg["optim"]["decay"], max_steps=cfg["trainer"]["max_steps"],
+        z_dim=z_dim, d_steps=train["d_steps"], batch_size=train["batch_size"], log_every=cfg["log"]["every"],
+        sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
+        sample_labels=balanced_labels(n, classes), num_classes=classes, channels_last=channels_last,
+        audit=bool(cfg["audit"]), timer=PhaseTimer(timing["enabled"], timing["sync"]),
+        hparams={"cfg": cfg, "data_shape": list(shape), "num_classes": classes})
+
+
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module.
     ``extra_callbacks`` run before the project's own (e.g. a benchmark's clock)."""
@@ -77,14 +124,19 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     classes = num_classes(datamodule.dataset) if cfg.model.conditional else 0
     if cfg.model.conditional and classes == 0:
         raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
-    module = GANModule(container, data_shape(container["data"]), classes)
+    module = build_module(container, data_shape(container["data"]), classes)
     if cfg.ckpt_path is not None:
         check_resumable(module, cfg.ckpt_path)
 
     points = is_point_data(cfg.data.name)
-    checkpoints = GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep)
+    guard = NonFiniteGuard(cfg.train.skip_nonfinite)
+    module.before_logging.append(lambda: guard.read(module))  # a bad update stops the run before it is logged
+    checkpoints = GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
+                                          before_save=lambda: guard.read(module))  # no checkpoint after a bad update
     callbacks: list[L.Callback] = [
         *extra_callbacks,
+        RNGState(),
+        guard,
         checkpoints,
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
                      real_points_for_plot(datamodule.dataset) if points else None,
@@ -132,8 +184,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
 def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path, interrupted: bool = False) -> None:
     """What the run did and where to look next: on the console and in the run's log file (train.log)."""
     step, every = module.counters.g, module.cfg["log"]["every"]
-    losses = [f"{name} {float(trainer.callback_metrics[name]):.4g}" for name in ("loss/d", "loss/g")
-              if name in trainer.callback_metrics]
+    losses = [f"{name} {value:.4g}" for name, value in module.last_losses.items()]
     # The module logs losses every log.every generator steps: the last values are from the last such step.
     final = (f"final losses {', '.join(losses)} (generator step {step - step % every})" if losses
              else f"no losses logged (log.every={every})")

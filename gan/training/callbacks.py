@@ -12,6 +12,7 @@ import logging
 import re
 import signal
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,13 +53,14 @@ class GeneratorStepCheckpoint(L.Callback):
     checkpoint taken there would not resume exactly. A second Ctrl-C stops at once, in Lightning's way.
     """
 
-    def __init__(self, directory: Path, every: int, keep: int):
-        self.directory, self.every, self.keep = Path(directory), every, keep
+    def __init__(self, directory: Path, every: int, keep: int, before_save: Callable[[], None] = lambda: None):
+        self.directory, self.every, self.keep, self.before_save = Path(directory), every, keep, before_save
         self.saved_step = -1
         self.stop_requested = self.interrupted = False
         self.previous_handler: Any = None
 
     def save(self, trainer: L.Trainer, step: int, periodic: bool) -> None:
+        self.before_save()  # e.g. the non-finite guard's verdict: it raises rather than let a bad state be saved
         # weights_only=False: the full training state (optimizers, loops), needed to resume.
         if periodic:
             trainer.save_checkpoint(self.directory / f"step_{step:06d}.ckpt", weights_only=False)
@@ -148,9 +150,8 @@ class SampleLogger(L.Callback):
         self.recorder = ForwardRecorder(G=pl_module.G, D=pl_module.D)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: GANModule, loss: Tensor) -> None:
-        # Of the step's backwards, the G update's is the one run while D is frozen (gan.core.step.g_update).
-        # The graph is read now: the backward about to run frees what its operations hold.
-        if self.recorder is None or any(p.requires_grad for p in pl_module.D.parameters()):
+        # The graph is read now, before the backward frees what its operations hold.
+        if self.recorder is None or pl_module.timer.network != "G":  # the G update, as the step says
             return
         with self.recorder:
             graph = self.recorder.graph("G loss", loss, "the G update: through D(fake), with D frozen")
@@ -230,6 +231,9 @@ class GeneratorStepProgressBar(TQDMProgressBar):
     @property
     def total_train_batches(self) -> int:
         return self.g_steps
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: GANModule) -> dict[str, Any]:
+        return {**super().get_metrics(trainer, pl_module), **{k: f"{v:.3g}" for k, v in pl_module.last_losses.items()}}
 
     def on_train_start(self, *args: Any) -> None:
         super().on_train_start(*args)

@@ -1,4 +1,6 @@
-"""Runs and checkpoints from older versions of this project, read in one place."""
+"""Runs and checkpoints from older versions of this project, read in one place: :func:`upgrade` is called
+where a checkpoint is read (gan/training/checkpoint.py's ``read_checkpoint``, for evaluate.py and the
+resume check) and where Lightning loads one to resume (``GANModule.on_load_checkpoint``)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,42 @@ from typing import Any
 
 import torch
 
+# Config keys added after the first runs, with the value those runs trained with.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "audit": False,
+    "train.skip_nonfinite": False,
+    "train.channels_last": False,
+    "train.compile": False,
+    "timing.enabled": True,
+    "timing.sync": False,
+    "optim.decay": "constant",
+    "loss.gp_weight": 0.0,
+}
+
+# State moved since: the running means of D's outputs and the augmentation state now live in the
+# objective (gan/core/objective.py).
+RENAMED_PREFIXES = {"d_real_mean.": "objective.d_real_mean.", "d_fake_mean.": "objective.d_fake_mean.",
+                    "augment.": "objective.augment."}
+# State no longer kept: the EMA's update count is the generator step count (gan/core/state.py).
+DROPPED = ("ema.num_updates",)
+
 
 def upgrade(checkpoint: dict[str, Any]) -> None:
-    """A checkpoint written before the skipped-update counters existed skipped no update: zeros, so that
-    older runs still resume and evaluate."""
+    """Bring a checkpoint of any earlier version to the current layout, in place (idempotent)."""
+    state = checkpoint["state_dict"]
+    # Written before the skipped-update counters existed: it skipped no update.
     for name in ("counters.skipped_g", "counters.skipped_d"):
-        checkpoint["state_dict"].setdefault(name, torch.zeros((), dtype=torch.long))
+        state.setdefault(name, torch.zeros((), dtype=torch.long))
+    for old, new in RENAMED_PREFIXES.items():
+        for key in [k for k in state if k.startswith(old)]:
+            state[new + key[len(old):]] = state.pop(key)
+    for key in DROPPED:
+        state.pop(key, None)
+    cfg = checkpoint.get("hyper_parameters", {}).get("cfg")
+    if isinstance(cfg, dict):
+        for dotted, value in CONFIG_DEFAULTS.items():
+            *sections, key = dotted.split(".")
+            node = cfg
+            for section in sections:
+                node = node.setdefault(section, {})
+            node.setdefault(key, value)

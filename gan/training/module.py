@@ -1,153 +1,133 @@
-"""GANModule: the training step, the heart of the project.
+"""GANModule: the Lightning side of the GAN step (gan/core/step.py), which it runs once per batch.
 
-Per generator step: one G forward; a D update on ``D(real)`` and ``D(fake.detach())``; a G update
-through the undetached ``D(fake)`` with D frozen. Two optimizers stepped by hand (Lightning's manual
-optimization), gradients cleared with ``set_to_none=True``.
+Per generator step: ``train.d_steps`` D updates, the last on ``D(real)`` and ``D(fake.detach())``, then
+a G update through the undetached ``D(fake)`` with D frozen. Two optimizers stepped by hand (Lightning's
+manual optimization); gradients cleared with ``set_to_none=True``. Everything is built by
+:func:`gan.training.builder.build_module` from the config and handed in; the non-finite guard, the RNG
+state and the audit are callbacks (gan/training/guard.py, rng.py, audit.py).
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import random
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from gan.core import step
-from gan.core.augment import build_augment
 from gan.core.contexts import evaluating
 from gan.core.distributed import broadcast_buffers
-from gan.core.losses import get_loss, gradient_penalty
-from gan.core.models import balanced_labels, build_models, condition_input
+from gan.core.objective import Objective
 from gan.core.phases import PhaseTimer
-from gan.core.regularizers import R1, build_regularizer
-from gan.core.state import EMAGenerator, RunningMean, StepCounters
-from gan.data.datasets import is_point_data
-from gan.errors import ConfigError, RunError
-from gan.training import audit
-from gan.training.legacy import upgrade
+from gan.core.state import EMAGenerator, StepCounters
+from gan.training import audit, legacy
 
-log = logging.getLogger(__name__)
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 
 
 class GANModule(L.LightningModule):
-    def __init__(self, cfg: dict[str, Any], data_shape: tuple[int, ...], num_classes: int = 0):
+    def __init__(self, G: nn.Module, D: nn.Module, objective: Objective, *, ema: EMAGenerator | None,
+                 optimizers: tuple[OptimizerFactory, OptimizerFactory], lr_decay: str, max_steps: int,
+                 z_dim: int, d_steps: int, batch_size: int, log_every: int, sample_noise: Tensor,
+                 sample_labels: Tensor, num_classes: int = 0, channels_last: bool = False,
+                 audit: bool = False, timer: PhaseTimer | None = None, hparams: dict[str, Any] | None = None):
         super().__init__()
         # Plain containers only: an OmegaConf DictConfig in the checkpoint would make it unloadable
         # with torch.load(weights_only=True) ("Unsupported global").
-        self.save_hyperparameters({"cfg": cfg, "data_shape": list(data_shape), "num_classes": num_classes})
+        self.save_hyperparameters(hparams or {})
+        self.cfg = (hparams or {}).get("cfg", {})  # what callbacks log and measure by
         self.automatic_optimization = False  # two optimizers, stepped explicitly in training_step
-        self.cfg, self.data_shape, self.num_classes = cfg, tuple(data_shape), num_classes
-        self.z_dim, self.d_steps = cfg["train"]["z_dim"], cfg["train"]["d_steps"]
-        self.audit = bool(cfg.get("audit", False))
-        self.skip_nonfinite = bool(cfg["train"].get("skip_nonfinite", False))  # absent from older runs' configs
-        self.loss = get_loss(cfg["loss"]["name"])
-        self.gp_weight = float(cfg["loss"].get("gp_weight", 0.0))
-
-        self.G, self.D = build_models(cfg["model"], self.z_dim, self.data_shape, num_classes)
-        # trainer=ddp: G's and D's own DistributedDataParallel wrappers (gan/training/strategy.py), which the training
-        # step runs them through (self.replica). A dict, so not submodules: the state_dict, optimizers, EMA
-        # and sampling see G and D alone, under their own names.
-        self.ddp: dict[str, nn.Module] = {}
-        self.augment = build_augment(cfg["augment"], self.data_shape)
-        ema = cfg["ema"]
-        self.ema = EMAGenerator(self.G, ema["decay"], ema["start"]) if ema["enabled"] else None
+        self.G, self.D, self.objective, self.ema = G, D, objective, ema
+        self.make_optimizers, self.lr_decay, self.max_steps = optimizers, lr_decay, max_steps
+        self.z_dim, self.d_steps, self.batch_size, self.log_every = z_dim, d_steps, batch_size, log_every
+        self.num_classes, self.channels_last, self.audit = num_classes, channels_last, audit
         self.counters = StepCounters()
-        timing = cfg.get("timing", {})  # absent from the configs of runs older than gan/training/timing.py
-        self.timer = PhaseTimer(timing.get("enabled", True), timing.get("sync", False))
-        # Running means of D's outputs: logged, and the anchors of the LeCam regularizer.
-        self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
-        self.reg = build_regularizer(cfg["reg"], self.d_real_mean, self.d_fake_mean)
-        self.apply_speed_options(cfg["train"])
-        # Fixed noise (and labels) for sample grids: persistent buffers, so grids stay comparable
-        # across resume. Conditional grids get one row per class.
-        if is_point_data(cfg["data"]["name"]):
-            n = cfg["log"]["num_points"]
-        elif num_classes:
-            n = num_classes * cfg["log"]["samples_per_class"]
-        else:
-            n = cfg["log"]["num_samples"]
-        generator = torch.Generator().manual_seed(cfg["seed"])
-        self.register_buffer("sample_noise", torch.randn(n, self.z_dim, generator=generator))
-        self.register_buffer("sample_labels", balanced_labels(n, num_classes))
-        self._pending_rng: dict[str, Any] | None = None
-
-    def apply_speed_options(self, train_cfg: dict[str, Any]) -> None:
-        """``train.channels_last``: G's and D's 4-D weights (and each batch of real images) in NHWC
-        layout, which oneDNN and cuDNN convolutions prefer. ``train.compile``: ``torch.compile`` G and
-        D in place (``Module.compile``, so the state_dict keys stay as they are). D is left eager when
-        its loss differentiates D twice (R1, gradient penalty): compiled graphs have no double
-        backward. Applied after the EMA copy was taken, which stays eager (it samples rarely)."""
-        self.channels_last = bool(train_cfg.get("channels_last", False)) and not is_point_data(self.cfg["data"]["name"])
-        if self.channels_last:
-            self.G.to(memory_format=torch.channels_last)
-            self.D.to(memory_format=torch.channels_last)
-        if train_cfg.get("compile", False):
-            self.G.compile()
-            if not (self.gp_weight or isinstance(self.reg, R1)):
-                self.D.compile()
+        self.before_logging: list[Callable[[], None]] = []  # e.g. the non-finite guard's read of its verdict
+        self.last_losses: dict[str, float] = {}  # the last logged loss/d and loss/g
+        self.timer = timer or PhaseTimer(enabled=False)  # the step's phase hook: which update runs, and its time
+        # trainer=ddp: G's and D's own DistributedDataParallel wrappers (gan/training/strategy.py), which the
+        # step runs (self.replica). A dict, so not submodules: the state_dict, optimizers, EMA and sampling
+        # see G and D alone, under their own names.
+        self.ddp: dict[str, nn.Module] = {}
+        # Fixed noise (and labels) for sample grids: persistent buffers, so grids stay comparable across resume.
+        self.register_buffer("sample_noise", sample_noise)
+        self.register_buffer("sample_labels", sample_labels)
 
     # --- the training step -----------------------------------------------------------------------
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         opt_g, opt_d = self.optimizers()
         images = batch[0].contiguous(memory_format=torch.channels_last) if self.channels_last else batch[0]
-        reals, labels = images.chunk(self.d_steps), batch[1].chunk(self.d_steps)
+        labels = batch[1].chunk(self.d_steps) if self.num_classes else [None] * self.d_steps
+        # One (noise, real, labels) per D update; the last batch's G forward also serves G's update.
+        batches = [step.Batch(self.noise(len(real)), real, y) for real, y in zip(images.chunk(self.d_steps), labels)]
+        first_d_update = self.counters.d
 
-        # Extra D updates (d_steps > 1, e.g. wgan_gp) come first. Only D learns from them, so their
-        # fakes are made under no_grad: no graph through G is built just to be cut off again.
-        for real, y in zip(reals[:-1], labels[:-1]):
-            with torch.no_grad(), self.timer.phase("g_forward"):
-                extra_fake = self.G(self.noise(len(real)), y)
-            step.d_update(opt_d, self.d_loss, real, extra_fake, y, self.manual_backward, self.timer.phase)
-            self.counters.count_d_step()
+        def d_loss(D: nn.Module, real: Tensor, fake: Tensor, y: Tensor | None, k: int) -> tuple[Tensor, ...]:
+            scale = self.loss_scale() if self.objective.needs_loss_scale(first_d_update + k) else None
+            return self.objective.d_loss(D, real, fake, y, first_d_update + k, scale)
 
-        # The GAN step (gan/core/step.py): one G forward; D learns from D(real) and D(fake.detach()); G
-        # learns through the undetached D(fake) while D is frozen.
-        d, g_loss = step.generator_step(self.replica("G"), self.replica("D"), opt_g, opt_d,
-                                        self.noise(len(reals[-1])), reals[-1], labels[-1], self.d_loss,
-                                        self.g_loss, self.manual_backward, self.timer.phase)
-        self.counters.count_d_step()
-
+        self.timer.begin_step()
+        result = step.generator_step(self.replica("G"), self.replica("D"), opt_g, opt_d, batches, d_loss,
+                                     self.objective.g_loss, self.manual_backward, self.timer.phase)
         with self.timer.phase("statistics"):
-            self.update_statistics(batch[0].shape[0], d.real_logits)
+            self.update_statistics(result, len(images) * self.trainer.world_size)
         self.timer.start("callbacks")  # logging here, then the callbacks; closed by gan.training.timing.StepTimer
-        if self.counters.g % self.cfg["log"]["every"] == 0:
-            # .item() here and only here: one device sync per logging step, plain floats to the
-            # loggers, and no tensor that could keep a graph alive.
-            self.log_scalars({
-                "loss/d": d.loss.item(), "loss/g": g_loss.item(),
-                "d/real": d.real_logits.mean().item(), "d/fake": d.fake_logits.mean().item(),
-                "d/real_running": self.d_real_mean.value.item(), "d/fake_running": self.d_fake_mean.value.item(),
-                "grad_norm/g": grad_norm(self.G), "grad_norm/d": grad_norm(self.D),
-                **({"augment/p": self.augment.p.item()} if self.augment is not None else {}),
-                **({f"train/skipped_{n}": getattr(self.counters, f"skipped_{n}").item() for n in "dg"}
-                   if self.skip_nonfinite else {}),
-            })
+        if self.counters.g % self.log_every == 0:
+            self.log_step(result)
 
-    def d_loss(self, real: Tensor, fake: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """What D minimises: the adversarial loss, plus the gradient penalty (wgan_gp) and the
-        regularizer. ``fake`` arrives detached (or made under no_grad). Returns (loss, logits on real,
-        logits on fake)."""
-        d_step = self.counters.d
-        input_grad = self.reg.needs_input_grad(d_step)
-        if input_grad:
-            real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
-        real_logits, fake_logits = self.critic(real, y), self.critic(fake, y)
-        self.d_real_mean.update(real_logits)
-        self.d_fake_mean.update(fake_logits)
-        loss = self.loss.d(real_logits, fake_logits)
-        # Only a penalty with an inner backward (gradient penalty, R1) needs the loss scale.
-        scale = self.loss_scale() if self.gp_weight or input_grad else None
-        if self.gp_weight:
-            loss = loss + self.gp_weight * gradient_penalty(lambda x: self.critic(x, y), real, fake, scale)
-        penalty = self.reg.penalty(d_step, real, real_logits, fake_logits, scale)
-        return (loss if penalty is None else loss + penalty), real_logits, fake_logits
+    @torch.no_grad()
+    def update_statistics(self, result: step.StepResult, images: int) -> None:
+        """Counters (``images``: the real images this step used, over all processes), learning rates, the
+        objective's statistics, the EMA generator and the augmentation probability, after a generator step."""
+        for d in result.d:
+            self.counters.count_d_step()
+            self.objective.observe(d)
+        self.counters.count_g_step(images)
+        for schedule in self.lr_schedulers() or []:  # optim.decay=linear: one schedule per optimizer
+            schedule.step()
+        broadcast_buffers(self.G, self.D)  # DDP: rank 0's BatchNorm statistics on every rank, before EMA copies G's
+        if self.ema is not None:
+            self.ema.update(self.G, self.counters.g)
+        augment = self.objective.augment
+        if augment is not None and self.counters.g % augment.interval == 0:
+            augment.adjust(self.images_per_step)
+
+    def log_step(self, result: step.StepResult) -> None:
+        """The step's scalars to the loggers, read from the device in one transfer: one host-device sync
+        per logging step, plain floats to the loggers, and no tensor that could keep a graph alive."""
+        for check in self.before_logging:
+            check()
+        d, objective = result.d[-1], self.objective
+        values = {
+            "loss/d": d.loss, "loss/g": result.g_loss,
+            "d/real": d.real_logits.mean(), "d/fake": d.fake_logits.mean(),
+            "d/real_running": objective.d_real_mean.value, "d/fake_running": objective.d_fake_mean.value,
+            "grad_norm/g": grad_norm(self.G), "grad_norm/d": grad_norm(self.D),
+        }
+        if objective.augment is not None:
+            values["augment/p"] = objective.augment.p
+        values.update({f"train/skipped_{n}": getattr(self.counters, f"skipped_{n}") for n in "dg"})
+        numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
+        self.log_scalars(numbers)
+
+    def log_scalars(self, values: dict[str, float]) -> None:
+        """Plain numbers to the loggers at the current generator step (TensorBoard's x axis is G steps).
+
+        Straight to ``logger.log_metrics`` rather than ``self.log``: Lightning's step would count
+        batches from 0, and a value logged once would be written again at every later step.
+        """
+        if self.audit:
+            audit.check_plain_numbers(values)
+        for logger in self.loggers:
+            logger.log_metrics(values, step=self.counters.g)
+        # For the progress bar and the run's summary: plain floats kept here, not self.log, which would turn
+        # each into a device tensor and read it back.
+        self.last_losses = {k: v for k, v in values.items() if k.startswith("loss/")}
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """float16 mixed precision (``trainer.precision=16-mixed``, GPUs): Lightning's GradScaler, which
@@ -156,95 +136,21 @@ class GANModule(L.LightningModule):
         return scaler if scaler is not None and scaler.is_enabled() else None
 
     def loss_scale(self) -> Tensor | None:
-        """The GradScaler's current loss scale as a device tensor, for the penalties' inner backward; None
-        without one."""
+        """The GradScaler's loss scale as a device tensor (no sync), for the penalties' inner backward."""
         scaler = self.grad_scaler()
-        return None if scaler is None else scaler.scale(torch.ones((), device=self.device))  # on the device: no sync
-
-    def g_loss(self, fake: Tensor, y: Tensor | None) -> Tensor:
-        """What G minimises: the adversarial loss on D's verdict about ``fake`` (D is frozen by the step)."""
-        return self.loss.g(self.critic(fake, y))
-
-    def critic(self, x: Tensor, y: Tensor | None) -> Tensor:
-        """What D says about ``x``: augmented (when configured), then, for a conditional D,
-        ``torch.cat((condition, x), dim=1)``."""
-        if self.augment is not None:
-            x = self.augment(x)
-        if self.num_classes:
-            x = torch.cat((condition_input(y, self.num_classes, self.data_shape), x), dim=1)
-        return self.replica("D")(x)
+        return None if scaler is None else scaler.scale(torch.ones((), device=self.device))
 
     def replica(self, name: str) -> nn.Module:
-        """``G`` or ``D`` as the training step runs it: through its DDP wrapper under trainer=ddp, whose
-        backward all-reduces the network's gradients; the network itself otherwise."""
+        """``G`` or ``D`` as the step runs it: its DDP wrapper under trainer=ddp, the network itself otherwise."""
         return self.ddp.get(name, getattr(self, name))
-
-    @torch.no_grad()
-    def update_statistics(self, batch_size: int, real_logits: Tensor) -> None:
-        """Counters, learning rates, the EMA generator and the augmentation probability, after a
-        generator step."""
-        self.counters.count_g_step(batch_size * self.trainer.world_size)
-        g_steps = self.counters.g
-        for schedule in self.lr_schedulers() or []:  # optim.decay=linear: one schedule per optimizer
-            schedule.step()
-        broadcast_buffers(self.G, self.D)  # DDP: rank 0's BatchNorm statistics on every rank, before EMA copies G's
-        if self.ema is not None:
-            self.ema.update(self.G, g_steps)
-        if self.augment is not None:
-            self.augment.accumulate(real_logits)
-            if g_steps % self.augment.interval == 0:
-                self.augment.adjust(self.images_per_step)
 
     @property
     def images_per_step(self) -> int:
         """Real images one generator step consumes, over all processes."""
-        return self.cfg["train"]["batch_size"] * self.trainer.world_size
+        return self.batch_size * self.trainer.world_size
 
     def noise(self, n: int) -> Tensor:
         return torch.randn(n, self.z_dim, device=self.device)
-
-    # --- non-finite losses and gradients ---------------------------------------------------------
-
-    def on_before_backward(self, loss: Tensor) -> None:
-        self.backward_loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """A non-finite loss or gradient never reaches the weights. Checked here, after each backward and
-        before its optimizer step (Lightning calls this hook in between): the run stops with a RunError
-        that names the generator step, the network and the phase (forward: the loss; backward: the
-        gradients), and the last checkpoint stays the last good state. With ``train.skip_nonfinite``
-        the update is skipped instead, and counted (``counters.skipped_d``, ``counters.skipped_g``)."""
-        finite = torch.isfinite(self.backward_loss)
-        scaler = self.grad_scaler()
-        # The gradients too: a finite loss can still give non-finite ones (an overflow in the backward,
-        # R1's inner backward), and under DDP they are all-reduced, the same on every rank, so every rank
-        # decides alike. Their norms in one fused call (as clip_grad_norm_ computes them): a non-finite
-        # element makes its tensor's norm non-finite. Not under float16's GradScaler: non-finite
-        # gradients are how it learns that its scale is too high, and it skips such a step itself.
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads and scaler is None:
-            finite = finite & torch.stack(torch._foreach_norm(grads)).isfinite().all()
-        # The check's one host-device sync (none on a CPU, where ops finish as they return): the host
-        # must know before the optimizer steps, as GradScaler must (it syncs once per step too).
-        ok = bool(finite.item())
-        if scaler is not None:  # each rank judged its own loss: all must agree (DDP; nothing on one device)
-            ok = self.trainer.strategy.reduce_boolean_decision(ok, all=True)
-        if ok:
-            return
-        network = "G" if optimizer is self.trainer.optimizers[0] else "D"  # configure_optimizers' order
-        step, update = self.counters.g + 1, self.counters.d - self.counters.g * self.d_steps + 1
-        where = f"generator step {step}, {network} update" + (f" {update} of {self.d_steps}" if network == "D"
-                                                                and self.d_steps > 1 else "")
-        loss = self.backward_loss.item()
-        what = (f"the loss is {loss} (forward)" if not math.isfinite(loss)
-                else f"the gradients are not finite, the loss is {loss:.4g} (backward)")
-        if not self.skip_nonfinite:
-            raise RunError(f"{where}: {what}; stopped before that update, so the last checkpoint holds the last "
-                           "good state: resume from it with lower learning rates (optim.d.lr, optim.g.lr) or a "
-                           "regularizer (e.g. reg=r1), or set train.skip_nonfinite=true to skip such updates")
-        optimizer.zero_grad(set_to_none=True)  # torch's optimizers step no parameter that has no gradient
-        self.counters.count_skipped(network)
-        log.warning(f"skipped {where}: {what} (train.skip_nonfinite)")
 
     # --- sampling --------------------------------------------------------------------------------
 
@@ -264,89 +170,26 @@ class GANModule(L.LightningModule):
 
         return audit.checked_sampling(generator, sample) if self.audit else sample()
 
-    # --- logging ---------------------------------------------------------------------------------
-
-    def log_scalars(self, values: dict[str, float]) -> None:
-        """Plain numbers to the loggers at the current generator step (TensorBoard's x axis is G steps).
-
-        Straight to ``logger.log_metrics`` rather than ``self.log``: Lightning's step would count
-        batches from 0, and a value logged once would be written again at every later step.
-        """
-        if self.audit:
-            audit.check_plain_numbers(values)
-        for logger in self.loggers:
-            logger.log_metrics(values, step=self.counters.g)
-        self.log_dict({k: v for k, v in values.items() if k.startswith("loss/")}, prog_bar=True, logger=False)
-
     # --- optimizers and checkpoints --------------------------------------------------------------
 
     def configure_optimizers(self) -> Any:
-        """Adam for G and for D; with ``optim.decay=linear`` each learning rate falls linearly to 0 at
-        the last generator step, stepped once per generator step by :meth:`update_statistics`.
+        """One optimizer each for G and D; with ``optim.decay=linear`` each learning rate falls linearly to
+        0 at the last generator step, stepped once per generator step by :meth:`update_statistics`.
 
-        torch's LambdaLR with the factor written as a function of the step alone, ``1 - step /
-        max_steps``: Lightning saves and restores the step with the optimizers, so a resumed run
-        continues on the line of its own ``trainer.max_steps`` (LinearLR would instead multiply its
-        way there step by step, and stay at 0 once a shorter run had ended).
+        torch's LambdaLR with the factor a function of the step alone, ``1 - step / max_steps``: Lightning
+        saves and restores the step with the optimizers, so a resumed run continues on the line of its
+        own ``trainer.max_steps`` (LinearLR would multiply its way there step by step instead).
         """
-        from hydra.utils import instantiate
-
-        optim = self.cfg["optim"]
-        optimizers = [instantiate(optim["g"])(self.G.parameters()), instantiate(optim["d"])(self.D.parameters())]
-        decay = optim.get("decay", "constant")  # absent from the configs of older runs
-        if decay == "constant":
+        optimizers = [self.make_optimizers[0](self.G.parameters()), self.make_optimizers[1](self.D.parameters())]
+        if self.lr_decay == "constant":
             return optimizers
-        if decay != "linear":
-            raise ConfigError(f"optim.decay={decay}: use constant or linear")
-        steps = self.cfg["trainer"]["max_steps"]
-        return optimizers, [LambdaLR(o, lambda step: max(0.0, 1.0 - step / steps)) for o in optimizers]
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Every random stream, so a resumed run draws the same noise as an uninterrupted one.
-        # (The data order needs none: it is a function of the seed and the restored step counter.)
-        checkpoint["rng"] = {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": numpy_state_to_plain(np.random.get_state()),
-            "python": random.getstate(),
-        }
+        return optimizers, [LambdaLR(o, lambda s: max(0.0, 1.0 - s / self.max_steps)) for o in optimizers]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        upgrade(checkpoint)  # Lightning loads the state dict after this hook
-        # Applied at the first batch, not now: Lightning draws random numbers while it sets up.
-        self._pending_rng = checkpoint.get("rng")
-
-    def on_train_start(self) -> None:
-        self.separate_rank_streams()
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        if self._pending_rng is not None:
-            state, self._pending_rng = self._pending_rng, None
-            torch.set_rng_state(state["torch"])
-            if state["cuda"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda"])
-            np.random.set_state(plain_to_numpy_state(state["numpy"]))
-            random.setstate(state["python"])
-            self.separate_rank_streams()  # the checkpoint holds rank 0's streams only
-
-    def separate_rank_streams(self) -> None:
-        """Under DDP every rank starts from the same seed (and a resume restores rank 0's state on all
-        of them); reseed ranks > 0 so the global batch of fakes is not world_size copies of one.
-        Rank 0 keeps its stream: a single-process run is unaffected."""
-        if self.global_rank > 0:
-            torch.manual_seed(int(torch.randint(2**62, ())) + self.global_rank)
+        legacy.upgrade(checkpoint)  # Lightning loads the state dict after this hook
 
 
-def grad_norm(module: nn.Module) -> float:
-    """L2 norm of all gradients of ``module`` (0.0 where none exist)."""
+def grad_norm(module: nn.Module) -> Tensor:
+    """L2 norm of all gradients of ``module``, on their device (0 where none exist)."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
-
-
-def numpy_state_to_plain(state: tuple) -> tuple:
-    # weights_only loading accepts tensors and builtins, not numpy arrays.
-    return (state[0], torch.from_numpy(state[1].astype(np.int64)), *state[2:])
-
-
-def plain_to_numpy_state(state: tuple) -> tuple:
-    return (state[0], state[1].numpy().astype(np.uint32), *state[2:])
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=next(module.parameters()).device)

@@ -83,6 +83,7 @@ class Optimizer:
     _partial_: bool = MISSING
     lr: float = MISSING
     betas: list[float] = MISSING
+    fused: bool = MISSING
 
 
 @dataclass

@@ -1,0 +1,79 @@
+"""What the networks minimise, as one plain PyTorch object built from plain arguments: the adversarial
+loss, the gradient penalty (wgan_gp), a regularizer (R1, LeCam), differentiable augmentation and class
+conditioning. :func:`gan.core.step.generator_step` takes its ``d_loss`` and ``g_loss``.
+
+Its statistics -- running means of D's outputs (logged; LeCam's anchors) and the augmentation
+probability's sign counts -- are buffers, moved only by an explicit :meth:`Objective.observe` after an
+update, never while a loss is computed; they take only finite values, so a non-finite D output never
+reaches them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gan.core.augment import Augment
+from gan.core.losses import AdversarialLoss, gradient_penalty
+from gan.core.models import condition_input
+from gan.core.regularizers import Regularizer
+from gan.core.state import RunningMean
+from gan.core.step import DUpdate
+
+
+class Objective(nn.Module):
+    """``loss``: the adversarial loss; ``regularizer``: D's penalty (``Regularizer()`` for none);
+    ``augment``: applied to everything D sees, real and fake (None: no augmentation); ``gp_weight``: the
+    WGAN-GP penalty's weight (0: none); ``num_classes`` > 0: a conditional D, which sees one-hot maps of
+    the labels beside each sample of ``data_shape``."""
+
+    def __init__(self, loss: AdversarialLoss, regularizer: Regularizer, augment: Augment | None = None,
+                 gp_weight: float = 0.0, num_classes: int = 0, data_shape: tuple[int, ...] = ()):
+        super().__init__()
+        self.loss, self.regularizer, self.augment = loss, regularizer, augment
+        self.gp_weight, self.num_classes, self.data_shape = gp_weight, num_classes, tuple(data_shape)
+        self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
+
+    def critic(self, D: nn.Module, x: Tensor, labels: Tensor | None) -> Tensor:
+        """What D says about ``x``: augmented (when configured), then, for a conditional D,
+        ``torch.cat((condition, x), dim=1)``."""
+        if self.augment is not None:
+            x = self.augment(x)
+        if self.num_classes:
+            x = torch.cat((condition_input(labels, self.num_classes, self.data_shape), x), dim=1)
+        return D(x)
+
+    def needs_loss_scale(self, d_update: int) -> bool:
+        """Whether D update ``d_update`` runs an inner backward (gradient penalty, R1), which float16's
+        loss scale must reach."""
+        return bool(self.gp_weight) or self.regularizer.needs_input_grad(d_update)
+
+    def d_loss(self, D: nn.Module, real: Tensor, fake: Tensor, labels: Tensor | None, d_update: int = 0,
+               loss_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """D's loss in its update number ``d_update`` (the run's, 0-based), and its logits on real and fake.
+        ``fake`` arrives detached (or made under no_grad)."""
+        input_grad = self.regularizer.needs_input_grad(d_update)
+        if input_grad:
+            real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
+        real_logits, fake_logits = self.critic(D, real, labels), self.critic(D, fake, labels)
+        loss = self.loss.d(real_logits, fake_logits)
+        if self.gp_weight:
+            penalty = gradient_penalty(lambda x: self.critic(D, x, labels), real, fake, loss_scale)
+            loss = loss + self.gp_weight * penalty
+        anchors = (self.d_real_mean.value, self.d_fake_mean.value)
+        penalty = self.regularizer.penalty(d_update, real, real_logits, fake_logits, loss_scale, anchors)
+        return (loss if penalty is None else loss + penalty), real_logits, fake_logits
+
+    def g_loss(self, D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
+        """G's loss: the adversarial loss on D's verdict about ``fake`` (the step has frozen D)."""
+        return self.loss.g(self.critic(D, fake, labels))
+
+    @torch.no_grad()
+    def observe(self, d: DUpdate) -> None:
+        """Feed one D update's outputs to the statistics: the running means and ADA's sign counts.
+        An update whose loss or logits are not finite moves nothing."""
+        finite = torch.isfinite(d.loss) & d.real_logits.isfinite().all() & d.fake_logits.isfinite().all()
+        self.d_real_mean.update(d.real_logits, finite)
+        self.d_fake_mean.update(d.fake_logits, finite)
+        if self.augment is not None:
+            self.augment.accumulate(d.real_logits, finite)

@@ -1,0 +1,110 @@
+"""A non-finite loss or gradient never reaches the weights, and the step never waits for the device to
+say so.
+
+After each backward and before its optimizer step (Lightning's ``on_before_optimizer_step``), the loss
+and the gradients are judged on the device: one fused norm over all gradients, since a non-finite
+element makes its tensor's norm non-finite. The verdict goes to the optimizer as ``found_inf``, the
+tensor torch's fused optimizers take (as GradScaler uses them): a non-finite update is skipped on the
+device -- weights, moments and step count untouched -- with no host read. The host reads the verdict
+once per logging window (``log.every`` generator steps, where the logged scalars are read anyway), and
+before any checkpoint is written:
+
+* by default the run then stops with a RunError naming the first bad generator step, the network and
+  the phase; every bad update was skipped, and no checkpoint after it was written;
+* with ``train.skip_nonfinite=true`` it goes on, and the skipped updates are counted
+  (``counters.skipped_d``, ``counters.skipped_g``, logged as ``train/skipped_*``).
+
+The window is the cost of not reading at every step: a diverged run is reported up to ``log.every - 1``
+generator steps late (``log.every=1`` reports at once). An optimizer that takes no ``found_inf`` (not
+fused), and float16's GradScaler, which skips such a step itself, are judged at every step instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from gan.errors import RunError
+
+log = logging.getLogger(__name__)
+
+ADVICE = ("resume from the last checkpoint with lower learning rates (optim.d.lr, optim.g.lr) or a regularizer "
+          "(e.g. reg=r1), or set train.skip_nonfinite=true to skip such updates")
+
+
+def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` skips its step on the device when given ``found_inf`` (torch's fused ones)."""
+    return all(group.get("fused", False) for group in optimizer.param_groups)
+
+
+class NonFiniteGuard(L.Callback):
+    """``skip``: train.skip_nonfinite. :meth:`read` is called before the module logs (every ``log.every``
+    generator steps), before a checkpoint is written, and at the end of training."""
+
+    def __init__(self, skip: bool):
+        self.skip = skip
+        self.loss: Tensor | None = None
+        # network -> (first bad generator step or -1, its loss, its D update in the step), on the device
+        self.first_bad: dict[str, Tensor] = {}
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
+        self.loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
+        network, update = pl_module.timer.network, pl_module.timer.d_update  # as the step says (gan/core/phases.py)
+        step = pl_module.counters.g + 1
+        finite = torch.isfinite(self.loss)
+        scaler = pl_module.grad_scaler()
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        # Not the gradients under float16's GradScaler: non-finite ones are how it learns its scale is too
+        # high, and it skips such a step itself.
+        if grads and scaler is None:
+            finite = finite & torch.stack(torch._foreach_norm(grads)).isfinite().all()
+        if scaler is None and takes_found_inf(optimizer):
+            optimizer.found_inf = (~finite).float()  # the fused step leaves everything as it was where this is 1
+            record = self.first_bad.setdefault(network, torch.full((3,), -1.0, dtype=torch.float64,
+                                                                   device=finite.device))
+            this = torch.stack((torch.full_like(record[0], step), self.loss.double(),
+                                torch.full_like(record[0], update)))
+            record.copy_(torch.where(~finite & (record[0] < 0), this, record))
+            getattr(pl_module.counters, f"skipped_{network.lower()}").add_((~finite).long())
+            return
+        # Judged now, with one host read: an optimizer that takes no found_inf cannot skip on the device.
+        ok = bool(finite.item())
+        if scaler is not None:  # each rank judged its own loss: all must agree (DDP; nothing on one device)
+            ok = trainer.strategy.reduce_boolean_decision(ok, all=True)
+        if not ok:
+            self.failed(pl_module, network, step, float(self.loss), update)
+            optimizer.zero_grad(set_to_none=True)  # torch's optimizers step no parameter that has no gradient
+            getattr(pl_module.counters, f"skipped_{network.lower()}").add_(1)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.read(pl_module)
+
+    def read(self, pl_module: Any) -> None:
+        """The verdicts since the last read, from the device in one transfer; then reset to "none"."""
+        if not self.first_bad:
+            return
+        networks = list(self.first_bad)
+        records = torch.stack([self.first_bad[n] for n in networks]).tolist()
+        for record in self.first_bad.values():
+            record.fill_(-1.0)
+        bad = sorted((int(step), n, loss, int(update)) for (step, loss, update), n in zip(records, networks)
+                     if step >= 0)
+        if bad:
+            self.failed(pl_module, bad[0][1], bad[0][0], bad[0][2], bad[0][3])
+
+    def failed(self, pl_module: Any, network: str, step: int, loss: float, update: int) -> None:
+        d_steps = pl_module.d_steps
+        where = f"generator step {step}, {network} update" + (f" {update + 1} of {d_steps}"
+                                                                if network == "D" and d_steps > 1 else "")
+        what = (f"the loss is {loss} (forward)" if not math.isfinite(loss)
+                else f"the gradients are not finite, the loss is {loss:.4g} (backward)")
+        if not self.skip:
+            raise RunError(f"{where}: {what}; the update was skipped and no checkpoint written after it: {ADVICE}")
+        log.warning(f"skipped {where}: {what} (train.skip_nonfinite)")

@@ -1,0 +1,62 @@
+"""Every random stream in the checkpoint, so a resumed run draws the same noise as an uninterrupted one.
+(The data order needs none: it is a function of the seed and the restored step counter.)"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+
+class RNGState(L.Callback):
+    """Saves torch's (CPU and CUDA), numpy's and Python's RNG states as ``checkpoint["rng"]``; a resumed run
+    restores them at its first batch -- not when the checkpoint loads: Lightning draws random numbers while
+    it sets up. Under DDP, ranks > 0 are reseeded apart from rank 0 (:func:`separate_rank_streams`)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": numpy_state_to_plain(np.random.get_state()),
+            "python": random.getstate(),
+        }
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self.pending = checkpoint.get("rng")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        separate_rank_streams(trainer.global_rank)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.pending is None:
+            return
+        state, self.pending = self.pending, None
+        torch.set_rng_state(state["torch"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        np.random.set_state(plain_to_numpy_state(state["numpy"]))
+        random.setstate(state["python"])
+        separate_rank_streams(trainer.global_rank)  # the checkpoint holds rank 0's streams only
+
+
+def separate_rank_streams(rank: int) -> None:
+    """Under DDP every rank starts from the same seed (and a resume restores rank 0's state on all of them);
+    reseed ranks > 0 so the global batch of fakes is not world_size copies of one. Rank 0 keeps its stream:
+    a single-process run is unaffected."""
+    if rank > 0:
+        torch.manual_seed(int(torch.randint(2**62, ())) + rank)
+
+
+def numpy_state_to_plain(state: tuple) -> tuple:
+    # weights_only loading accepts tensors and builtins, not numpy arrays.
+    return (state[0], torch.from_numpy(state[1].astype(np.int64)), *state[2:])
+
+
+def plain_to_numpy_state(state: tuple) -> tuple:
+    return (state[0], state[1].numpy().astype(np.uint32), *state[2:])
