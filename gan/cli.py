@@ -78,9 +78,11 @@ def report(line: str, code: int) -> None:
     sys.exit(code)
 
 
-def entry_point(task: Callable[[DictConfig], Any], config_path: str, config_name: str) -> Callable[[], None]:
+def entry_point(task: Callable[[DictConfig], Any], config_path: str, config_name: str,
+                overrides: Callable[[list[str]], list[str]] = list) -> Callable[[], None]:
     """The ``main()`` of train.py and evaluate.py: Hydra composes ``config_name`` from ``config_path``
-    with the command line's overrides and calls ``task(cfg)``.
+    with the command line's overrides, as ``overrides`` rewrites them (train.py: ``data=X`` trains X's
+    recipe), and calls ``task(cfg)``.
 
     Bad input ends the process with one line on stderr, without a traceback, and exit code 2: a
     ConfigError, or an error Hydra raises while composing (an unknown option or key, a malformed
@@ -100,6 +102,14 @@ def entry_point(task: Callable[[DictConfig], Any], config_path: str, config_name
             task(cfg)
 
     def main() -> None:
+        argv = sys.argv
+        sys.argv = [argv[0], *overrides(argv[1:])]  # Hydra reads them there, as do the DDP ranks it starts
+        try:
+            run()
+        finally:
+            sys.argv = argv
+
+    def run() -> None:
         state["user_setting"], state["task_started"] = os.environ.get("HYDRA_FULL_ERROR"), False
         if state["user_setting"] == "1":
             return compose_and_run()

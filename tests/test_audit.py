@@ -70,7 +70,7 @@ def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
 
 
 def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm(tmp_path):
-    """The policy the README states: in the G update D runs in train mode, so its BatchNorm running
+    """The policy docs/design.md states: in the G update D runs in train mode, so its BatchNorm running
     statistics and spectral-norm vectors may move -- they do, and nothing else of D does. (A vector
     that has converged stays put: the last layer's, whose weight has a single row.)"""
     from omegaconf import OmegaConf

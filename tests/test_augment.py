@@ -53,5 +53,5 @@ def test_fixed_augmentation_does_not_adapt():
 def test_config_errors():
     with pytest.raises(ConfigError, match="augment.policy"):
         Augment(["rotate"])
-    with pytest.raises(ConfigError, match=r"not 2D points: .* \(experiment=ring or experiment=grid\)"):
+    with pytest.raises(ConfigError, match=r"not 2D points: use augment=none \(data=ring or data=grid alone"):
         build_augment({"name": "diff", "policy": ["color"], "p": 1.0, "adaptive": False}, (2,))

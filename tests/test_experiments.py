@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import CONFIGS, compose_config, run_main
+from conftest import CONFIGS, compose_config, run_main, run_train
 from omegaconf import OmegaConf
 from test_data import make_mnist_split
 
@@ -16,6 +16,7 @@ from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
 from gan.evaluation.app import with_run_classifier_steps
 from gan.training.builder import build_module
+from gan.training.compose import recipe_follows_data
 
 PRESETS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
@@ -38,11 +39,43 @@ def test_2d_recipes_build_their_module(preset):
     assert len(module.configure_optimizers()[1]) == 2  # optim.decay=linear: one schedule per optimizer
 
 
-def test_points_with_an_image_recipe_get_one_line_naming_the_recipes(tmp_path, capsys):
-    # The default recipe (digits) augments images; 2D points must name their own recipe.
-    assert run_main("train", "data=ring", f"hydra.run.dir={tmp_path / 'run'}") == 2
-    assert "(experiment=ring or experiment=grid)" in capsys.readouterr().err.strip().splitlines()[-1]
-    assert not (tmp_path / "run" / "checkpoints").exists()
+def test_every_data_option_has_a_recipe():
+    assert PRESETS == sorted(p.stem for p in (CONFIGS / "data").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_data_alone_trains_its_recipe(preset):
+    assert (OmegaConf.to_container(compose_config(f"data={preset}"))
+            == OmegaConf.to_container(compose_config(f"experiment={preset}")))
+
+
+@pytest.mark.parametrize("preset", ["ring", "grid"])
+def test_2d_data_alone_gets_the_2d_recipe(preset):
+    cfg = compose_config(f"data={preset}")
+    assert (cfg.data.name, cfg.model.name, cfg.reg.name, cfg.augment.name) == (preset, "mlp", "r1", "none")
+    assert cfg.data.batch_size == 256 and cfg.optim.decay == "linear"
+
+
+def test_an_explicit_experiment_wins_and_no_experiment_keeps_the_plain_choices():
+    cfg, mnist = compose_config("data=fashion_mnist", "experiment=mnist"), compose_config("experiment=mnist")
+    assert cfg.data.name == "fashion_mnist" and cfg.trainer.max_steps == mnist.trainer.max_steps
+    plain = compose_config("~experiment", "data=ring")
+    assert (plain.data.name, plain.model.name, plain.reg.name, plain.augment.name) == ("ring", "mlp", "none", "none")
+    assert plain.data.batch_size == 64 and plain.optim.decay == "constant"
+
+
+def test_a_sweep_over_data_sweeps_the_recipes_and_an_unknown_option_is_left_to_hydra():
+    assert recipe_follows_data(["-m", "data=ring,grid", "seed=1"]) == ["-m", "experiment=ring,grid", "seed=1"]
+    assert recipe_follows_data(["data=foo"]) == ["data=foo"]
+    assert recipe_follows_data(["data=ring", "+experiment=grid"]) == ["data=ring", "+experiment=grid"]
+
+
+def test_train_py_data_ring_trains_the_ring_recipe(tmp_path):
+    run_dir = tmp_path / "ring"
+    assert run_train(run_dir, "data=ring", "trainer.max_steps=4") == 0
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    assert (saved.data.name, saved.model.name, saved.reg.name, saved.augment.name) == ("ring", "mlp", "r1", "none")
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_ring_recipe_covers_the_ring_after_600_steps(tmp_path):

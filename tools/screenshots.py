@@ -1,4 +1,4 @@
-"""Screenshots of a run's TensorBoard dashboards, for the README: ``python tools/screenshots.py <run>``.
+"""Screenshots of a run's TensorBoard dashboards, for docs/usage.md: ``python tools/screenshots.py <run>``.
 
 Starts the installed TensorBoard on a free port of 127.0.0.1 over ``<run>/tensorboard`` (the run
 directory train.py wrote), and has headless Chromium (Debian: ``apt-get install chromium``) capture

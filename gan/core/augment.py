@@ -123,7 +123,7 @@ def build_augment(cfg: dict, data_shape: tuple[int, ...]) -> Augment | None:
     if cfg["name"] == "none":
         return None
     if len(data_shape) != 3:
-        raise ConfigError(f"augment={cfg['name']} works on images, not 2D points: train 2D data with its recipe "
-                          "(experiment=ring or experiment=grid) or with augment=none")
+        raise ConfigError(f"augment={cfg['name']} works on images, not 2D points: use augment=none "
+                          "(data=ring or data=grid alone trains its 2D recipe, which has none)")
     options = {k: cfg[k] for k in ("target", "interval", "speed_images") if k in cfg}
     return Augment(cfg["policy"], cfg["p"], cfg["adaptive"], **options)

@@ -163,8 +163,8 @@ def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
         d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"])
     elif name == "dcgan":
         if len(shape) != 3:
-            raise ConfigError("model=dcgan needs image data, not 2D points: train 2D data with its recipe "
-                              "(experiment=ring or experiment=grid) or with model=mlp")
+            raise ConfigError("model=dcgan needs image data, not 2D points: use model=mlp "
+                              "(data=ring or data=grid alone trains its 2D recipe, an MLP)")
         channels, size = shape[0], shape[1]
         g = DCGANGenerator(z_dim, channels, size, model_cfg["width"], num_classes)
         d = DCGANDiscriminator(channels + condition_channels, size, model_cfg["width"],

@@ -76,8 +76,8 @@ def generator_step(G: nn.Module, D: nn.Module, opt_g: Optimizer, opt_d: Optimize
         fake = G(z, labels)  # one G forward serves both updates; its graph is kept for G's backward
     # detach() cuts the graph at `fake`: D's backward stops there, so it computes nothing for G,
     # leaves G's .grad untouched, and does not free G's graph, which g_update still needs.
-    updates.append(d_update(D, opt_d, d_loss, real, fake.detach(), labels, len(extra), backward, phase))
-    return StepResult(updates, g_update(D, opt_g, g_loss, fake, labels, backward, phase))
+    d = d_update(D, opt_d, d_loss, real, fake.detach(), labels, len(extra), backward, phase)
+    return StepResult([*updates, d], g_update(D, opt_g, g_loss, fake, labels, backward, phase))
 
 
 def d_update(D: nn.Module, opt_d: Optimizer, d_loss: DLoss, real: Tensor, fake: Tensor, labels: Tensor | None,

@@ -1,7 +1,8 @@
 """Measured demonstrations of the autograd patterns this project relies on: ``python -m gan.patterns``.
 
-Each claim is one function ``name(device, ...) -> Result`` that runs on the project's own code and
-returns what it measured and what the claim expects; the verdict compares the two (:class:`Result`).
+Each claim is one function ``name(device, ...) -> Result`` that runs it -- most on the project's own
+models, a few on plain tensors -- and returns what it measured and what the claim expects; the verdict
+compares the two (:class:`Result`).
 The claims about the GAN step run the training step itself (``gan.core.step``: ``generator_step``,
 ``d_update``, ``g_update``; ``conditional`` runs the GANModule that train.py builds), so breaking the
 step breaks them (tests/test_patterns.py shows it). ``tests/test_patterns.py`` asserts every verdict;

@@ -3,10 +3,14 @@ the benchmarks, the tests): Hydra's compose API on configs/, as ``python train.p
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep
+from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -14,10 +18,41 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def compose(*overrides: str, config: str = "train", run_dir: str | Path | None = None) -> DictConfig:
     """``configs/<config>.yaml`` with ``overrides``; a train config gets ``paths.run_dir`` (``run_dir``, or
-    "unused" for code that builds objects without writing a run)."""
+    "unused" for code that builds objects without writing a run), and ``data=X`` trains X's recipe
+    (:func:`recipe_follows_data`), as on train.py's command line."""
+    if config == "train":
+        overrides = tuple(recipe_follows_data(overrides))
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = hydra_compose(config_name=config, overrides=list(overrides))
     if config == "train":
         with open_dict(cfg):
             cfg.paths.run_dir = str(run_dir or "unused")
     return cfg
+
+
+def recipe_follows_data(overrides: Iterable[str]) -> list[str]:
+    """train.py's overrides with ``data=X`` read as ``experiment=X``, X's recipe (configs/experiment/X.yaml,
+    which chooses data=X itself), unless an override names the experiment: ``experiment=Y`` still
+    wins and ``'~experiment'`` keeps the plain choices. A sweep ``data=ring,grid`` becomes the sweep
+    ``experiment=ring,grid``; a value without a recipe is left to Hydra, which names the options.
+
+    The defaults list cannot say this: Hydra refuses a default chosen by interpolation
+    (``- experiment: ${data}``) whose config overrides other groups, and every recipe overrides
+    model, reg and augment.
+    """
+    overrides = list(overrides)
+    if any(o.lstrip("~+").partition("=")[0].partition("@")[0] == "experiment" for o in overrides):
+        return overrides
+    return [f"experiment={o.removeprefix('data=')}" if o.startswith("data=") and has_recipes(o) else o
+            for o in overrides]
+
+
+def has_recipes(override: str) -> bool:
+    """Does every option that ``override`` (``data=...``, one value or a list of them) chooses have a recipe?"""
+    try:
+        value = OverridesParser.create().parse_override(override).value()
+    except HydraException:  # malformed: Hydra reports it
+        return False
+    names = value.list if isinstance(value, ChoiceSweep) else [value]
+    return bool(names) and all(isinstance(n, str) and (CONFIGS / "experiment" / f"{n}.yaml").is_file()
+                               for n in names)

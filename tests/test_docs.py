@@ -1,0 +1,67 @@
+"""The docs cannot drift from the code: the README's excerpt of the GAN step is lines of gan/core/step.py, in
+order, and every relative link in README.md and docs/*.md points to a file (and a heading) that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EXCERPT = re.compile(r"<!-- step:begin -->\s*```python\n(.*?)```\s*<!-- step:end -->", re.DOTALL)
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+INLINE_LINK = re.compile(r"!?\[[^\]]*\]\(<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\)")
+REFERENCE_LINK = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.MULTILINE)
+
+
+def stripped_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def test_readme_step_excerpt_is_lines_of_gan_core_step_py_in_order():
+    match = EXCERPT.search((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert match, "README.md has no ```python block between <!-- step:begin --> and <!-- step:end -->"
+    excerpt = stripped_lines(match.group(1))
+    assert any("fake.detach()" in line for line in excerpt) and "with frozen(D), no_sync(D):" in excerpt
+    source = iter(stripped_lines((ROOT / "gan" / "core" / "step.py").read_text(encoding="utf-8")))
+    for line in excerpt:  # each line found after the previous one: `in` on an iterator consumes it
+        assert line in source, f"README.md's step excerpt: {line!r} is not in gan/core/step.py after the line before it"
+
+
+def links(doc: Path) -> list[str]:
+    """The link targets of a markdown file, outside code blocks and inline code."""
+    text = FENCE.sub("", doc.read_text(encoding="utf-8"))
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return INLINE_LINK.findall(text) + REFERENCE_LINK.findall(text)
+
+
+def relative(target: str) -> bool:
+    return not re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target) and not target.startswith("//")
+
+
+def heading_anchors(doc: Path) -> set[str]:
+    """GitHub's anchors for a file's headings: lower case, punctuation dropped, spaces as hyphens."""
+    text = FENCE.sub("", doc.read_text(encoding="utf-8"))
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_files_that_exist(doc):
+    broken = [t for t in links(doc) if relative(t) and t.partition("#")[0]
+              and not (doc.parent / t.partition("#")[0]).exists()]
+    assert not broken, f"{doc.relative_to(ROOT)} links to files that do not exist: {broken}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_to_a_heading_name_one_that_exists(doc):
+    broken = []
+    for target in links(doc):
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path) if path else doc
+        if relative(target) and anchor and linked.suffix == ".md" and linked.is_file():
+            if anchor not in heading_anchors(linked):
+                broken.append(target)
+    assert not broken, f"{doc.relative_to(ROOT)} links to headings that do not exist: {broken}"
