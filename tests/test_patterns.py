@@ -1,4 +1,4 @@
-"""Each claim of gan/patterns/claims.py, asserted on the values its demonstration measured.
+"""Each claim of gan/patterns/, asserted on the values its demonstration measured.
 
 The demonstrations run here on small models with few repetitions. Timings on a shared 2-core machine
 are not asserted: where a claim is about cost, the tests assert the counted FLOPs or saved bytes
@@ -7,6 +7,7 @@ instead, and leave the milliseconds to the table of ``python -m gan.patterns``.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,8 +16,10 @@ import pytest
 import torch
 from mutation import D_NOT_FROZEN, WITHOUT_DETACH, mutated_step
 
-from gan.patterns import claims as patterns
+from gan.patterns import gan_step
+from gan.patterns.cli import DEMOS
 from gan.patterns.cli import main as patterns_main
+from gan.patterns.measure import Result, contains
 
 CPU = torch.device("cpu")
 SMALL = {"size": 16, "width": 8, "batch": 8, "repeats": 1}
@@ -34,7 +37,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-# Every claim's expectations are written once, in gan/patterns/claims.py; a test asserts its verdict. The
+# Every claim's expectations are written once, in its function in gan/patterns/; a test asserts its verdict. The
 # arguments make each demonstration small; the CUDA-only rows run where a GPU exists.
 CLAIMS = {
     "to_device": {}, "requires_grad": {}, "freeze": SMALL, "volatile": {}, "detach": {}, "gan_d_step": SMALL,
@@ -44,9 +47,15 @@ CLAIMS = {
 CUDA_CLAIMS = {"timing": {"size": 2048, "matmuls": 10}, "non_blocking": {"batch": 256, "steps": 5}}
 
 
+@functools.cache
+def on_cpu(name: str) -> Result:
+    """Claim ``name``'s result on the CPU, small (the CUDA rows: skipped), run once for all the tests below."""
+    return DEMOS[name](CPU, **CLAIMS.get(name, {}))
+
+
 @pytest.mark.parametrize("name", CLAIMS)
 def test_claim_holds_on_cpu(name: str) -> None:
-    result = patterns.DEMOS[name](CPU, **CLAIMS[name])
+    result = on_cpu(name)
     assert result.expected, "a claim states what it expects"
     assert result.ok, result.failures()
 
@@ -54,20 +63,20 @@ def test_claim_holds_on_cpu(name: str) -> None:
 @needs_cuda
 @pytest.mark.parametrize("name", CUDA_CLAIMS)
 def test_cuda_claim_holds(name: str) -> None:
-    result = patterns.DEMOS[name](torch.device("cuda"), **CUDA_CLAIMS[name])
+    result = DEMOS[name](torch.device("cuda"), **CUDA_CLAIMS[name])
     assert result.ok, result.failures()
 
 
 @pytest.mark.parametrize("name", CUDA_CLAIMS)
 def test_cuda_claims_are_skipped_on_cpu_with_the_reason(name: str) -> None:
-    result = patterns.DEMOS[name](CPU)
+    result = on_cpu(name)
     assert result.ok is None and result.verdict == "skipped (CPU)"
     assert "CPU" in result.measured or "synchronously" in result.measured
 
 
 def test_a_verdict_compares_each_expectation() -> None:
-    result = patterns.Result("x", "claim", "ran", "measured", {"a": {"b": 2}, "err": "boom"},
-                             {"a.b": 2, "err": patterns.contains("boom")})
+    result = Result("x", "claim", "ran", "measured", {"a": {"b": 2}, "err": "boom"},
+                    {"a.b": 2, "err": contains("boom")})
     assert result.ok and result.verdict == "holds"
     result.values["a"]["b"] = 3
     assert result.ok is False
@@ -79,23 +88,23 @@ def test_a_verdict_compares_each_expectation() -> None:
 
 def test_without_detach_in_the_step_the_d_step_claim_fails() -> None:
     with mutated_step(*WITHOUT_DETACH):
-        result = patterns.gan_d_step(CPU, **SMALL)
+        result = gan_step.gan_d_step(CPU, **SMALL)
     assert result.ok is False
     failed = {line.split(":")[0] for line in result.failures()}
     assert {"g_grads_touched", "d_input_requires_grad", "g_step_error.detach"} <= failed
-    assert patterns.gan_d_step(CPU, **SMALL).ok  # restored
+    assert gan_step.gan_d_step(CPU, **SMALL).ok  # restored
 
 
 def test_with_d_not_frozen_in_the_step_the_freeze_and_conditional_claims_fail() -> None:
     with mutated_step(*D_NOT_FROZEN):
-        freeze, conditional = patterns.freeze(CPU, **SMALL), patterns.conditional(CPU, num_classes=3)
+        freeze, conditional = gan_step.freeze(CPU, **SMALL), gan_step.conditional(CPU, num_classes=3)
     assert {line.split(":")[0] for line in freeze.failures()} == {"g_step_d_no_grad", "flop_ratio"}
     assert conditional.values["conditional"]["g_step_d_untouched"] is False and conditional.ok is False
 
 
 def test_every_claim_is_listed_once() -> None:
-    assert len(patterns.DEMOS) == 15
-    assert all(name == demo.__name__ for name, demo in patterns.DEMOS.items())
+    assert len(DEMOS) == 15
+    assert all(name == demo.__name__ for name, demo in DEMOS.items())
 
 
 def test_only_runs_one_demonstration(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,7 +118,7 @@ def test_unknown_name_is_one_line_listing_the_names(capsys: pytest.CaptureFixtur
     assert patterns_main(["--only", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'nope'" in err
-    assert all(name in err for name in patterns.DEMOS)
+    assert all(name in err for name in DEMOS)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: --device cuda is valid here")
