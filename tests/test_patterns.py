@@ -7,19 +7,23 @@ instead, and leave the milliseconds to the table of ``python -m gan.patterns``.
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import subprocess
 import sys
-from collections.abc import Iterator
+import textwrap
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from mutation import D_NOT_FROZEN, WITHOUT_DETACH, mutated_step
 
+from gan.core import step
 from gan.patterns import gan_step
-from gan.patterns.cli import DEMOS
+from gan.patterns.cli import DEMOS, markdown_table
 from gan.patterns.cli import main as patterns_main
-from gan.patterns.measure import Result, contains
+from gan.patterns.measure import PYTORCH, STEP, Result, contains
 
 CPU = torch.device("cpu")
 SMALL = {"size": 16, "width": 8, "batch": 8, "repeats": 1}
@@ -75,13 +79,52 @@ def test_cuda_claims_are_skipped_on_cpu_with_the_reason(name: str) -> None:
 
 
 def test_a_verdict_compares_each_expectation() -> None:
-    result = Result("x", "claim", "ran", "measured", {"a": {"b": 2}, "err": "boom"},
+    result = Result("x", PYTORCH, "claim", "ran", "measured", {"a": {"b": 2}, "err": "boom"},
                     {"a.b": 2, "err": contains("boom")})
     assert result.ok and result.verdict == "holds"
     result.values["a"]["b"] = 3
     assert result.ok is False
     assert result.failures() == ["a.b: measured 3, expected 2"]
     assert result.verdict == "DOES NOT HOLD: a.b: measured 3, expected 2"
+
+
+# --- which rows run the training step ----------------------------------------------------------------------
+
+def calls_the_step(function: Callable[..., object], seen: set[object] | None = None) -> bool:
+    """Whether ``function``'s source uses a function of gan.core.step (``step.g_update``, ...), itself or
+    through the gan.patterns helpers it names, read with ``inspect.getsource``."""
+    seen = set() if seen is None else seen
+    seen.add(function)
+    names = function.__globals__
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(function)))):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and names.get(node.value.id) is step and inspect.isfunction(getattr(step, node.attr, None))):
+            return True
+        helper = names.get(node.id) if isinstance(node, ast.Name) else None
+        if (inspect.isfunction(helper) and helper not in seen and helper.__module__.startswith("gan.patterns.")
+                and calls_the_step(helper, seen)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("name", DEMOS)
+def test_a_row_runs_the_training_step_exactly_when_its_claim_calls_into_gan_core_step(name: str) -> None:
+    assert on_cpu(name).subject == (STEP if calls_the_step(DEMOS[name]) else PYTORCH)
+
+
+def test_the_subject_column_says_which_rows_run_the_training_step() -> None:
+    names = ("freeze", "gan_d_step", "conditional", "leaf", "to_device", "detach", "reuse_d_fake", "no_grad")
+    rows = markdown_table(on_cpu(name) for name in names).splitlines()
+    assert rows[0].split(" | ")[1] == "subject"
+    subjects = {name: row.split(" | ")[1] for name, row in zip(names, rows[2:])}
+    assert subjects == {"freeze": "the training step", "gan_d_step": "the training step",
+                        "conditional": "the training step", "leaf": "PyTorch", "to_device": "PyTorch",
+                        "detach": "PyTorch", "reuse_d_fake": "PyTorch", "no_grad": "PyTorch"}
+
+
+def test_a_result_names_one_of_the_two_subjects() -> None:
+    with pytest.raises(ValueError, match="subject"):
+        Result("x", "numpy", "claim", "ran", "measured", {}, {})
 
 
 # --- the claims certify the step that trains: break gan/core/step.py and they fail ---------------------------
@@ -110,7 +153,7 @@ def test_every_claim_is_listed_once() -> None:
 def test_only_runs_one_demonstration(capsys: pytest.CaptureFixture[str]) -> None:
     assert patterns_main(["--only", "leaf"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "| claim | what was run | what was measured | verdict |"
+    assert lines[0] == "| claim | subject | what was run | what was measured | verdict |"
     assert len(lines) == 3 and lines[2].startswith("| `leaf`:") and lines[2].endswith("| holds |")
 
 

@@ -26,15 +26,15 @@ DEMOS: dict[str, Callable[[torch.device], Result]] = {
                  tensors.parameter_buffer)
 }
 
-HEADER = "| claim | what was run | what was measured | verdict |"
+HEADER = "| claim | subject | what was run | what was measured | verdict |"
 
 
 def markdown_table(results: Iterable[Result]) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    rows = [HEADER, "|---|---|---|---|"]
-    rows += [f"| `{r.name}`: {cell(r.claim)} | {cell(r.ran)} | {cell(r.measured)} | {r.verdict} |"
+    rows = [HEADER, "|---|---|---|---|---|"]
+    rows += [f"| `{r.name}`: {cell(r.claim)} | {r.subject} | {cell(r.ran)} | {cell(r.measured)} | {r.verdict} |"
              for r in results]
     return "\n".join(rows)
 

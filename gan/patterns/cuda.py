@@ -10,7 +10,7 @@ from functools import partial
 import torch
 
 from gan.core.models import DCGANDiscriminator
-from gan.patterns.measure import Result, below, median_ms
+from gan.patterns.measure import PYTORCH, Result, below, median_ms
 
 # --- timing CUDA work ---------------------------------------------------------------------------------
 
@@ -20,7 +20,7 @@ def timing(device: torch.device, *, size: int = 4096, matmuls: int = 20) -> Resu
              "synchronized wall time")
     if device.type != "cuda":
         return Result(
-            "timing", claim, "nothing: CPU run",
+            "timing", PYTORCH, claim, "nothing: CPU run",
             "CPU ops run synchronously in the calling thread: when an op returns its work is done, so "
             "`time.perf_counter()` around it measures it and there is nothing to synchronize",
             {}, None)
@@ -50,7 +50,7 @@ def timing(device: torch.device, *, size: int = 4096, matmuls: int = 20) -> Resu
               "unsynced_share": unsynced / synced, "events_deviation": abs(events - synced) / synced}
     expected = {"unsynced_share": below(0.5), "events_deviation": below(0.1)}
     return Result(
-        "timing", claim, f"{matmuls} matmuls {size}x{size} on {device}: wall time without sync, with "
+        "timing", PYTORCH, claim, f"{matmuls} matmuls {size}x{size} on {device}: wall time without sync, with "
         "sync, and between two CUDA events",
         f"without sync {unsynced:.2f} ms, with sync {synced:.2f} ms, CUDA events {events:.2f} ms",
         values, expected)
@@ -71,7 +71,7 @@ def non_blocking(device: torch.device, *, batch: int = 1024, size: int = 64, ste
     claim = "`.to(device, non_blocking=True)` from pinned memory lets the copy overlap with other work"
     if device.type != "cuda":
         return Result(
-            "non_blocking", claim, "nothing: CPU run",
+            "non_blocking", PYTORCH, claim, "nothing: CPU run",
             "pinned (page-locked) memory and non_blocking copies concern host-to-GPU transfers; on the CPU "
             "`.to('cpu')` copies nothing, so there is no transfer to overlap",
             {}, None)
@@ -117,7 +117,7 @@ def non_blocking(device: torch.device, *, batch: int = 1024, size: int = 64, ste
     expected = {"pinned": True, "step_ratio": below(0.9), "call_ratio": below(1.0)}
     mb = pinned[0].nbytes / 2**20
     return Result(
-        "non_blocking", claim,
+        "non_blocking", PYTORCH, claim,
         f"{steps} steps: copy a pinned {mb:.0f} MiB batch to {device}, D forward+backward, then "
         f"{gpu_ms:.2f} ms of host work (busy loop, as long as the GPU part); blocking vs non_blocking copy",
         f"per step {values['blocking_step_ms']:.2f} ms blocking vs {values['non_blocking_step_ms']:.2f} ms "

@@ -13,6 +13,7 @@ from torch.autograd import Variable
 from gan.core.contexts import evaluating
 from gan.core.models import MLPDiscriminator, build_models
 from gan.patterns.measure import (
+    PYTORCH,
     Check,
     Result,
     above,
@@ -52,7 +53,7 @@ def volatile(device: torch.device) -> Result:
                 "variable_is_plain_tensor": True, "volatile_flag": False,
                 "volatile_output_requires_grad": True, "no_grad_output_requires_grad": False}
     return Result(
-        "volatile",
+        "volatile", PYTORCH,
         "`volatile` is gone; `torch.no_grad()` replaces it",
         "`Variable(real, volatile=True)` into D; the same batch into D under `torch.no_grad()`",
         f"warning {quote(values['warnings'][0] if values['warnings'] else None)}; Variable returns a plain "
@@ -140,7 +141,7 @@ def no_grad(device: torch.device, *, size: int = 32, width: int = 32, batch: int
     peak_text = ("" if device.type != "cuda" else
                  f" CUDA peak {mib(peak_no_grad)} vs {mib(peak_grad)} (ratio {peak_no_grad / peak_grad:.2f});")
     return Result(
-        "no_grad",
+        "no_grad", PYTORCH,
         "evaluation under `torch.no_grad()` builds no graph and saves no activations; tensors and "
         "Parameters created inside keep `requires_grad=True`; `inference_mode` also drops version counters, "
         "and its tensors cannot enter autograd",

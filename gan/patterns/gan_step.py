@@ -24,6 +24,8 @@ from gan.core import step
 from gan.core.contexts import frozen
 from gan.core.models import condition_input
 from gan.patterns.measure import (
+    PYTORCH,
+    STEP,
     Result,
     above,
     all_grads,
@@ -98,7 +100,7 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
     expected = {"finetune_body_no_grad": True, "finetune_head_grad": True, "g_step_d_no_grad": True,
                 "g_step_g_grad": True, "trainable_d_grad": True, "flop_ratio": below(1.0)}
     return Result(
-        "freeze",
+        "freeze", STEP,
         "`requires_grad_(False)` (fine-tuning; the frozen D of the G step): frozen weights get no `.grad`, "
         "the rest still do, and the backward is cheaper",
         f"DCGAN {size}x{size}, width {width}, batch {batch}: fine-tune D's last conv only; the training "
@@ -224,7 +226,7 @@ def gan_d_step(device: torch.device, *, size: int = 32, width: int = 32, batch: 
     peak_text = ("" if device.type != "cuda" else
                  f" CUDA peak {mib(peak['detach'])} (a) vs {mib(peak['retain_graph'])} (b);")
     return Result(
-        "gan_d_step",
+        "gan_d_step", STEP,
         "the training step's D update on `fake.detach()` (a) leaves G alone and G's graph alive; (b) without "
         "detach it needs `retain_graph=True` and backprops into G for nothing; (c) with neither the G "
         "backward fails; (a) and (b) update D identically",
@@ -272,7 +274,7 @@ def reuse_d_fake(device: torch.device) -> Result:
     expected = {"weight_version_bumped": True, "stale_error": contains("modified by an inplace operation"),
                 "fresh_error": None, "fresh_g_grads": True}
     return Result(
-        "reuse_d_fake",
+        "reuse_d_fake", PYTORCH,
         "reusing `D(fake)` computed before `opt_d.step()` for the G loss fails; a fresh D forward works",
         "`logits = D(fake)`; D loss on them, backward(retain_graph=True), `opt_d.step()`; G loss on the "
         "same logits, then on a fresh `D(fake)`",
@@ -333,7 +335,7 @@ def conditional(device: torch.device, *, num_classes: int = 10) -> Result:
                 "unconditional": split_holds, "conditional": split_holds}
     split = ", ".join(f"{k} {v}" for k, v in values["conditional"].items())
     return Result(
-        "conditional",
+        "conditional", STEP,
         "a conditional D input `torch.cat((condition, fake.detach()), 1)` in the D step and the undetached "
         "cat in the G step split gradients as in the unconditional case",
         f"the GANModule train.py builds, with `model.conditional=true` ({num_classes} classes) and without: "

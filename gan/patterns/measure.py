@@ -2,7 +2,10 @@
 the claims share.
 
 A claim is a function ``name(device, ...) -> Result`` that runs something and returns what it measured
-(``values``) next to what the claim expects (``expected``); the verdict compares the two.
+(``values``) next to what the claim expects (``expected``); the verdict compares the two. A Result also
+says what its row runs (``subject``): :data:`STEP`, the project's training step itself (the functions of
+``gan.core.step``, or the GANModule train.py builds), so that breaking the step breaks the row; or
+:data:`PYTORCH`, a fact of PyTorch shown on the project's models.
 
 How things are measured:
 
@@ -30,6 +33,9 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from gan.core.graphs import reachable, saved_tensors
+
+STEP = "the training step"  # the row runs gan.core.step's functions or the GANModule train.py builds
+PYTORCH = "PyTorch"  # the row shows a fact of PyTorch, on the project's models
 
 
 @dataclass(frozen=True)
@@ -74,11 +80,16 @@ class Result:
     compares the two; the tests assert that verdict, so the claim's numbers are written here once."""
 
     name: str
+    subject: str  # STEP or PYTORCH: whether the row runs the project's training step
     claim: str
     ran: str
     measured: str
     values: dict[str, Any]
     expected: dict[str, Any] | None  # None: the claim needs a GPU and this run has none
+
+    def __post_init__(self) -> None:
+        if self.subject not in (STEP, PYTORCH):
+            raise ValueError(f"{self.name}: subject must be {STEP!r} or {PYTORCH!r}, not {self.subject!r}")
 
     def failures(self) -> list[str]:
         """Each expectation the measurement did not meet, as ``path: measured X, expected Y``."""

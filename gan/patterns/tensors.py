@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from gan.core.contexts import frozen
-from gan.patterns.measure import Result, all_grads, approx, contains, quote, raised
+from gan.patterns.measure import PYTORCH, Result, all_grads, approx, contains, quote, raised
 from gan.patterns.models import LOSS, gan_inputs, make_gan
 
 
@@ -65,7 +65,7 @@ def to_device(device: torch.device) -> Result:
     # attribute is never moved.
     expected.update(integer_buffer_moved=device.type == "cuda", plain_attribute_moved=False)
     return Result(
-        "to_device",
+        "to_device", PYTORCH,
         "`.to()`/`.cuda()`/`.cpu()` return a new tensor when they convert (the tensor itself when nothing "
         "changes), but move a module's parameters and buffers in place -- not its plain tensor attributes",
         f"`t.to({target})`; DCGANDiscriminator with a plain `threshold` tensor, `D.to({target})`",
@@ -99,7 +99,7 @@ def requires_grad(device: torch.device) -> Result:
     expected = {"one_input_requires": True, "no_input_requires": False, "z_requires": False,
                 "g_output_requires": True, "frozen_g_output_requires": False}
     return Result(
-        "requires_grad",
+        "requires_grad", PYTORCH,
         "a result requires grad if any input does, and not if none does",
         "`w * x + x` (only w requires grad), `x * 2 + x`; G(z) with G's weights trainable, then `frozen(G)`",
         f"w*x+x: {values['one_input_requires']}, x*2+x: {values['no_input_requires']}; z: "
@@ -136,7 +136,7 @@ def detach(device: torch.device) -> Result:
     expected = {name: True for name in values}
     expected["detached_requires_grad"] = expected["detach__requires_grad"] = False
     return Result(
-        "detach",
+        "detach", PYTORCH,
         "`detach()` shares storage and does not require grad, while the original can still backprop; "
         "`detach_()` turns the tensor itself into a leaf",
         "`fake = G(z)`, `alias = fake.detach()`, `fake.mean().backward()`, `alias[0].fill_(0)`; "
@@ -194,7 +194,7 @@ def leaf(device: torch.device) -> Result:
                 "retained_y_grad": 14.0, "autograd_grad": {**grads_by_hand, "y": 14.0},
                 "autograd_grad_left_dot_grad_none": True}
     return Result(
-        "leaf",
+        "leaf", PYTORCH,
         "`backward()` fills `.grad` only on leaves; `retain_grad()` keeps a non-leaf's; "
         "`torch.autograd.grad` returns any gradient without touching `.grad`",
         "x=1, a=1, b=2, c=3, y = a²x + bx + c, z = y² + 2y: `z.backward()`; with `y.retain_grad()`; "
@@ -222,7 +222,7 @@ def backward_needs_grad(device: torch.device) -> Result:
     expected = {"wrong_requires_grad": False, "error": contains("element 0 of tensors does not require grad"),
                 "right_requires_grad": True}
     return Result(
-        "backward_needs_grad",
+        "backward_needs_grad", PYTORCH,
         "a loss that does not require grad cannot `backward()`",
         "G loss on `D(fake.detach())` with `frozen(D)`: no input requires grad",
         f"loss requires grad {values['wrong_requires_grad']}; backward: {quote(values['error'])}; "
@@ -243,7 +243,7 @@ def optimizer_leaf(device: torch.device) -> Result:
     expected = {"moved_is_leaf": False, "error": contains("can't optimize a non-leaf Tensor"),
                 "after_step": approx([0.72, 1.86, 2.86])}
     return Result(
-        "optimizer_leaf",
+        "optimizer_leaf", PYTORCH,
         "an optimizer refuses a non-leaf tensor; SGD(lr=0.01) moves a, b, c of the example above to "
         "0.72, 1.86, 2.86",
         f"`SGD([torch.ones(3, requires_grad=True).to({target})])`; one SGD step on z(a, b, c)",
@@ -315,7 +315,7 @@ def parameter_buffer(device: torch.device) -> Result:
     columns = ("in_parameters", "in_state_dict", "follows_to", "optimizer_updates", "survives_save_load")
     kinds = "; ".join(f"{k}: " + "/".join("yes" if values[c][k] else "no" for c in columns) for k in KINDS)
     return Result(
-        "parameter_buffer",
+        "parameter_buffer", PYTORCH,
         "Parameter, buffer, non-persistent buffer and plain tensor attribute differ in what sees them",
         f"a module holding one of each: `parameters()`, `state_dict()`, `.to({target})`, SGD over "
         "`parameters()`, SGD given the buffer and plain tensor with requires_grad=True, "
