@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import inspect
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from gan.patterns.cli import DEMOS, markdown_table
 from gan.patterns.cli import main as patterns_main
 from gan.patterns.measure import PYTORCH, STEP, Result, contains
 
+ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 SMALL = {"size": 16, "width": 8, "batch": 8, "repeats": 1}
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -172,3 +175,22 @@ def test_missing_cuda_is_one_line_and_exit_2() -> None:
     assert done.returncode == 2
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1
     assert "cuda" in done.stderr
+
+
+def test_the_script_writes_the_table_into_the_docs_block_stamped_with_its_inputs(tmp_path, monkeypatch) -> None:
+    spec = importlib.util.spec_from_file_location("patterns_script", ROOT / "benchmarks" / "patterns.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    results = [on_cpu("leaf"), on_cpu("timing")]
+    monkeypatch.setattr(script, "run", lambda device: results)  # two rows stand for the fifteen
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    doc = tmp_path / "patterns.md"
+    doc.write_text("# Autograd patterns\n\nHow the rows are measured.\n")
+    assert script.main(["--write", str(doc)]) == 0
+    assert script.main(["--write", str(doc)]) == 0  # a second run replaces the block
+    text = doc.read_text()
+    assert text.startswith("# Autograd patterns\n\nHow the rows are measured.\n\n<!-- begin patterns | command: "
+                           f"OMP_NUM_THREADS=1 python benchmarks/patterns.py --write {doc} | commit: ")
+    assert text.count("<!-- begin patterns") == 1 and text.endswith("<!-- end patterns -->\n")
+    assert "| inputs: gan/core gan/patterns -->" in text
+    assert markdown_table(results) in text and "2 claims: 1 hold, 1 skipped (they need CUDA)" in text
