@@ -45,7 +45,7 @@ from gan.core.contexts import evaluating
 from gan.core.models import build_models
 from gan.core.phases import PHASES, PhaseTimer
 from gan.data.datasets import build_dataset
-from gan.patterns import claims as patterns
+from gan.patterns import gan_step, measure
 from gan.training.builder import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,10 +234,10 @@ def evaluation_cost(device: torch.device, rounds: int) -> dict[str, float]:
         with evaluating(g):
             return g(z)
 
-    ms = patterns.median_ms(device, rounds * 5, autograd=lambda: with_autograd, no_grad=lambda: under_no_grad)
-    exclude = [*patterns.state_tensors(g), z]
-    held = {"autograd": patterns.packed_bytes(with_autograd, exclude),
-            "no_grad": patterns.packed_bytes(under_no_grad, exclude)}
+    ms = measure.median_ms(device, rounds * 5, autograd=lambda: with_autograd, no_grad=lambda: under_no_grad)
+    exclude = [*measure.state_tensors(g), z]
+    held = {"autograd": measure.packed_bytes(with_autograd, exclude),
+            "no_grad": measure.packed_bytes(under_no_grad, exclude)}
     return {"autograd_ms": ms["autograd"], "no_grad_ms": ms["no_grad"],
             "autograd_mib": held["autograd"] / 2**20, "no_grad_mib": held["no_grad"] / 2**20}
 
@@ -312,7 +312,7 @@ def section_b_e(folder: Path, args: argparse.Namespace, device: torch.device) ->
 
 
 def section_c(device: torch.device) -> list[str]:
-    d_step, freeze = patterns.gan_d_step(device), patterns.freeze(device)
+    d_step, freeze = gan_step.gan_d_step(device), gan_step.freeze(device)
     v, f = d_step.values, freeze.values
     rows = ["| decision | with | without | ratio |", "|---|---|---|---|",
             f"| D update on `fake.detach()` vs `retain_graph=True`: whole step | {v['step_ms']['detach']:.1f} ms, "

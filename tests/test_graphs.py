@@ -14,9 +14,9 @@ from mutation import D_NOT_FROZEN, mutated_step
 from PIL import Image
 
 from gan.core import graphs
-from gan.patterns import claims as patterns
 from gan.patterns import graph as demo
 from gan.patterns.cli import main as patterns_main
+from gan.patterns.models import training_module
 from gan.training.callbacks import SampleLogger
 
 CPU = torch.device("cpu")
@@ -29,7 +29,7 @@ def parameter_names(module: torch.nn.Module, owner: str) -> set[str]:
 
 
 # The parameters of the GANModule the graphs are drawn from: G.net.1.weight, ...
-MODULE = patterns.training_module(CPU)
+MODULE = training_module(CPU)
 G_PARAMETERS, D_PARAMETERS = parameter_names(MODULE.G, "G"), parameter_names(MODULE.D, "D")
 
 

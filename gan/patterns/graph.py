@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gan.core import step
 from gan.core.graphs import ForwardRecorder, Graph, dot_path, draw, text_tree, to_dot
-from gan.patterns.claims import adam, gan_inputs, training_module
+from gan.patterns.models import adam, gan_inputs, training_module
 
 
 def step_graphs(device: torch.device, batch: int = 4) -> dict[str, Graph]:
