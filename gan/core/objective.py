@@ -72,7 +72,11 @@ class Objective(nn.Module):
     def observe(self, d: DUpdate) -> None:
         """Feed one D update's outputs to the statistics: the running means and ADA's sign counts.
         An update whose loss or logits are not finite moves nothing."""
-        finite = torch.isfinite(d.loss) & d.real_logits.isfinite().all() & d.fake_logits.isfinite().all()
+        # torch's fused non-finite check (GradScaler's, with a scale of 1: the values stay as they are): one
+        # kernel sets the flag if any element is inf or NaN, where isfinite() would take several per tensor.
+        nonfinite, one = (torch.full((), v, dtype=torch.float32, device=d.loss.device) for v in (0.0, 1.0))
+        torch._amp_foreach_non_finite_check_and_unscale_(list(d), nonfinite, one)
+        finite = nonfinite == 0
         self.d_real_mean.update(d.real_logits, finite)
         self.d_fake_mean.update(d.fake_logits, finite)
         if self.augment is not None:

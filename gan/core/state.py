@@ -72,15 +72,14 @@ class RunningMean(nn.Module):
         one size), so that the value is the same on every rank. ``keep``: a 0-dim bool; where False
         (e.g. ``x`` is not finite), nothing moves. Decided on the device with torch.where, not with
         ``if``, which would make the host wait for a GPU at every call."""
-        mean = sum_over_ranks(x.detach().mean().to(self.value.dtype)) / world_size()
+        mean = x.detach().mean().to(self.value.dtype)
+        if world_size() > 1:
+            mean = sum_over_ranks(mean) / world_size()
         # Bias-free start: the first update sets the mean instead of pulling it from zero.
-        weight = torch.where(self.count == 0, 1.0, 1.0 - self.decay).to(self.value.dtype)
-        if keep is None:
-            self.value.lerp_(mean, weight)
-            self.count += 1
-        else:  # where, not a zero weight: lerp toward a NaN with weight 0 is still NaN
-            self.value.copy_(torch.where(keep, self.value.lerp(mean, weight), self.value))
-            self.count += keep.long()
+        moved = self.value.lerp(mean, torch.where(self.count == 0, 1.0, 1.0 - self.decay))
+        # where, not a zero weight: lerp toward a NaN with weight 0 is still NaN
+        self.value.copy_(moved if keep is None else torch.where(keep, moved, self.value))
+        self.count += 1 if keep is None else keep
 
 
 class EMAGenerator(nn.Module):

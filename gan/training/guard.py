@@ -22,7 +22,6 @@ fused), and float16's GradScaler, which skips such a step itself, are judged at 
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import lightning as L
@@ -49,8 +48,9 @@ class NonFiniteGuard(L.Callback):
     def __init__(self, skip: bool):
         self.skip = skip
         self.loss: Tensor | None = None
-        # network -> (first bad generator step or -1, its loss, its D update in the step), on the device
+        # network -> the first bad update since the last read, coded as one integer on the device (NONE: none)
         self.first_bad: dict[str, Tensor] = {}
+        self.flags: dict[str, Tensor] = {}  # 1.0 where the update (or its loss alone) is not finite
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
         self.loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
@@ -58,30 +58,40 @@ class NonFiniteGuard(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
         network, update = pl_module.timer.network, pl_module.timer.d_update  # as the step says (gan/core/phases.py)
         step = pl_module.counters.g + 1
-        finite = torch.isfinite(self.loss)
         scaler = pl_module.grad_scaler()
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        skipped = getattr(pl_module.counters, f"skipped_{network.lower()}")
         # Not the gradients under float16's GradScaler: non-finite ones are how it learns its scale is too
         # high, and it skips such a step itself.
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if scaler is None and takes_found_inf(optimizer):
+            device = self.loss.device
+            if network not in self.first_bad:
+                self.first_bad[network] = torch.full((), NONE, dtype=torch.long, device=device)
+                self.flags.update({name: torch.full((), value, dtype=torch.float32, device=device)
+                                   for name, value in (("one", 1.0), ("update", 0.0), ("loss", 0.0))})
+            flag, loss_flag = self.flags["update"], self.flags["loss"]
+            flag.zero_(), loss_flag.zero_()
+            # torch's fused non-finite check (GradScaler's, with a scale of 1): it sets the flag to 1 if any
+            # element of the tensors is inf or NaN, in one kernel over all of them.
+            torch._amp_foreach_non_finite_check_and_unscale_([*grads, self.loss], flag, self.flags["one"])
+            torch._amp_foreach_non_finite_check_and_unscale_([self.loss], loss_flag, self.flags["one"])
+            optimizer.found_inf = flag  # the fused step leaves everything as it was where this is 1
+            bad = flag > 0
+            code = torch.where(bad, encode(step, update, True) - loss_flag.long(), NONE)
+            torch.minimum(self.first_bad[network], code, out=self.first_bad[network])
+            skipped.add_(bad)
+            return
+        finite = torch.isfinite(self.loss)
         if grads and scaler is None:
             finite = finite & torch.stack(torch._foreach_norm(grads)).isfinite().all()
-        if scaler is None and takes_found_inf(optimizer):
-            optimizer.found_inf = (~finite).float()  # the fused step leaves everything as it was where this is 1
-            record = self.first_bad.setdefault(network, torch.full((3,), -1.0, dtype=torch.float64,
-                                                                   device=finite.device))
-            this = torch.stack((torch.full_like(record[0], step), self.loss.double(),
-                                torch.full_like(record[0], update)))
-            record.copy_(torch.where(~finite & (record[0] < 0), this, record))
-            getattr(pl_module.counters, f"skipped_{network.lower()}").add_((~finite).long())
-            return
         # Judged now, with one host read: an optimizer that takes no found_inf cannot skip on the device.
         ok = bool(finite.item())
         if scaler is not None:  # each rank judged its own loss: all must agree (DDP; nothing on one device)
             ok = trainer.strategy.reduce_boolean_decision(ok, all=True)
         if not ok:
-            self.failed(pl_module, network, step, float(self.loss), update)
+            self.failed(pl_module, network, step, update, bool(torch.isfinite(self.loss)))
             optimizer.zero_grad(set_to_none=True)  # torch's optimizers step no parameter that has no gradient
-            getattr(pl_module.counters, f"skipped_{network.lower()}").add_(1)
+            skipped.add_(1)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         self.read(pl_module)
@@ -91,20 +101,31 @@ class NonFiniteGuard(L.Callback):
         if not self.first_bad:
             return
         networks = list(self.first_bad)
-        records = torch.stack([self.first_bad[n] for n in networks]).tolist()
-        for record in self.first_bad.values():
-            record.fill_(-1.0)
-        bad = sorted((int(step), n, loss, int(update)) for (step, loss, update), n in zip(records, networks)
-                     if step >= 0)
+        codes = torch.stack([self.first_bad[n] for n in networks]).tolist()
+        for first in self.first_bad.values():
+            first.fill_(NONE)
+        bad = sorted((code, network) for code, network in zip(codes, networks) if code != NONE)
         if bad:
-            self.failed(pl_module, bad[0][1], bad[0][0], bad[0][2], bad[0][3])
+            self.failed(pl_module, bad[0][1], *decode(bad[0][0]))
 
-    def failed(self, pl_module: Any, network: str, step: int, loss: float, update: int) -> None:
+    def failed(self, pl_module: Any, network: str, step: int, update: int, loss_finite: bool) -> None:
         d_steps = pl_module.d_steps
         where = f"generator step {step}, {network} update" + (f" {update + 1} of {d_steps}"
                                                                 if network == "D" and d_steps > 1 else "")
-        what = (f"the loss is {loss} (forward)" if not math.isfinite(loss)
-                else f"the gradients are not finite, the loss is {loss:.4g} (backward)")
+        what = ("the loss is finite but its gradients are not (backward)" if loss_finite
+                else "the loss is not finite (forward)")
         if not self.skip:
             raise RunError(f"{where}: {what}; the update was skipped and no checkpoint written after it: {ADVICE}")
         log.warning(f"skipped {where}: {what} (train.skip_nonfinite)")
+
+
+NONE = 2**62  # "no bad update": larger than any code
+
+
+def encode(step: int, update: int, loss_finite: bool) -> int:
+    """An update as one integer that orders as the updates ran: generator step, D update in it (< 2**10)."""
+    return (step * 2**10 + update) * 2 + loss_finite
+
+
+def decode(code: int) -> tuple[int, int, bool]:
+    return code // 2**11, code // 2 % 2**10, bool(code % 2)
