@@ -28,7 +28,7 @@ def tiny(tmp_path, *overrides: str):
 ])
 def test_the_real_step_passes_the_audit(tmp_path, overrides, d_steps):
     module = train(tiny(tmp_path, *overrides))
-    assert int(module.counters.g_steps) == 2 and int(module.counters.d_steps) == d_steps
+    assert int(module.counters.g_updates) == 2 and int(module.counters.d_updates) == d_steps
 
 
 def test_missing_detach_is_caught(tmp_path):

@@ -65,7 +65,7 @@ def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
     assert [k for k in final if not torch.equal(final[k], rank1["final"][k])] == []
     trained = [k for k in final if k.startswith(("G.", "D.")) and not torch.equal(final[k], rank0["initial"][k])]
     assert any(".running_mean" in k for k in trained) and any(k.endswith(".weight") for k in trained)
-    assert int(final["counters.g_steps"]) == int(final["counters.d_steps"]) == STEPS
+    assert int(final["counters.g_updates"]) == int(final["counters.d_updates"]) == STEPS
     assert int(final["counters.images_seen"]) == STEPS * BATCH * RANKS
 
     # The statistics follow the outputs of D on every rank's batch: each step's D forwards are on real

@@ -43,7 +43,7 @@ def test_a_nonfinite_loss_stops_the_run_within_its_step_and_keeps_the_last_good_
     step = int(error[1])
     assert step > 1  # a checkpoint was written before
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert int(last["counters.g_steps"]) == step - 1 and finite_weights(last)
+    assert int(last["counters.g_updates"]) == step - 1 and finite_weights(last)
     assert not (run / "checkpoints" / f"step_{step:06d}.ckpt").exists()
 
 
@@ -62,7 +62,7 @@ def test_nonfinite_gradients_with_a_finite_loss_name_the_backward(tmp_path):
                                        r"\(backward\); the update was skipped"):
         train(cfg, extra_callbacks=[NonfiniteGradient()])
     assert int(torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-               ["state_dict"]["counters.g_steps"]) == 1
+               ["state_dict"]["counters.g_updates"]) == 1
     # Skipped instead: that G update only. (The audit refuses the infinite gradient norm logged at that step.)
     cfg = compose_config(*TINY, "train.skip_nonfinite=true", "audit=false", run_dir=tmp_path / "skipping")
     module = train(cfg, extra_callbacks=[NonfiniteGradient()])
@@ -100,12 +100,12 @@ def test_ctrl_c_saves_the_step_it_lands_in_and_the_run_resumes_from_it(tmp_path)
     assert proc.returncode == 130
     last = run / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=True)["state_dict"]
-    step = int(saved["counters.g_steps"])
-    assert step >= 4 and int(saved["counters.d_steps"]) == step  # a whole generator step: D's update and G's
+    step = int(saved["counters.g_updates"])
+    assert step >= 4 and int(saved["counters.d_updates"]) == step  # a whole generator step: D's update and G's
     assert err.strip().splitlines()[-1] == (f"stopped by Ctrl-C at generator step {step}, saved in {last}: resume "
                                             f"with the same overrides and ckpt_path={last}")
     assert run_train(run, f"ckpt_path={last}", f"trainer.max_steps={step + 2}", "checkpoint.every=4") == 0
-    assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_steps"]) == step + 2
+    assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"]) == step + 2
 
 
 class FullDisk(io.FileIO):
@@ -133,4 +133,5 @@ def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_previous_checkpoin
         f"error: cannot write {step_6} (No space left on device): free disk space or choose a writable directory; "
         "the previous step_000006.ckpt, if there was one, is unchanged")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step_000003.ckpt"]  # no temporary
-    assert int(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]["counters.g_steps"]) == 3
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert int(last["counters.g_updates"]) == 3

@@ -118,12 +118,12 @@ def test_channels_last_puts_conv_weights_in_nhwc_and_trains(tmp_path):
     convs = [m.weight for net in (module.G, module.D) for m in net.modules()
              if isinstance(m, torch.nn.modules.conv._ConvNd)]
     assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
-    assert int(module.counters.g_steps) == 2
+    assert int(module.counters.g_updates) == 2
 
 
 def test_bf16_autocast_trains_with_r1_double_backward(tmp_path):
     module = run_tiny(tmp_path, "trainer.precision=bf16-mixed", "reg=r1")
-    assert int(module.counters.g_steps) == 2
+    assert int(module.counters.g_updates) == 2
     assert all(torch.isfinite(p).all() for p in module.D.parameters())
 
 
@@ -131,4 +131,4 @@ def test_compile_leaves_d_eager_when_its_loss_differentiates_it_twice(tmp_path):
     """Compiled graphs have no double backward: with R1, only G is compiled (and the run trains)."""
     module = run_tiny(tmp_path, "train.compile=true", "reg=r1")
     assert module.G._compiled_call_impl is not None and module.D._compiled_call_impl is None
-    assert int(module.counters.g_steps) == 2
+    assert int(module.counters.g_updates) == 2

@@ -129,14 +129,14 @@ def test_killed_training_run_resumes_from_its_last_checkpoint(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    saved = int(torch.load(last, weights_only=True)["state_dict"]["counters.g_steps"])
+    saved = int(torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"])
     periodic = sorted(int(p.stem.split("_")[1]) for p in last.parent.glob("step_*.ckpt"))
     # last.ckpt is a complete checkpoint of a periodic step; the kill may have landed between writing
     # step_N.ckpt and last.ckpt, so at most one interval (4 steps) is lost.
     assert saved in periodic and saved >= 12 and periodic[-1] - saved <= 4
     assert run_train(run_dir, f"ckpt_path={last}", f"trainer.max_steps={saved + 2}", "checkpoint.every=4") == 0
     resumed = torch.load(last, weights_only=True)
-    assert int(resumed["state_dict"]["counters.g_steps"]) == saved + 2
+    assert int(resumed["state_dict"]["counters.g_updates"]) == saved + 2
 
 
 def test_a_checkpoint_from_before_the_skip_counters_resumes_and_evaluates(ring_run, tmp_path):
@@ -148,6 +148,6 @@ def test_a_checkpoint_from_before_the_skip_counters_resumes_and_evaluates(ring_r
     assert run_train(tmp_path / "resumed", "experiment=ring", "loss=hinge", "log.every=2",
                      f"ckpt_path={tmp_path / 'old.ckpt'}", "trainer.max_steps=8") == 0
     resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert int(resumed["counters.g_steps"]) == 8 and int(resumed["counters.skipped_d"]) == 0
+    assert int(resumed["counters.g_updates"]) == 8 and int(resumed["counters.skipped_d"]) == 0
     assert run_main("evaluate", f"run_dir={tmp_path / 'resumed'}", f"ckpt={tmp_path / 'old.ckpt'}",
                     "num_samples=100") == 0

@@ -25,7 +25,7 @@ def build(*overrides: str) -> GANModule:
 def test_every_buffer_is_saved_and_never_optimized():
     module = build()
     buffers = dict(module.named_buffers())
-    expected = {"counters.g_steps", "counters.d_steps", "counters.images_seen", "counters.skipped_g",
+    expected = {"counters.g_updates", "counters.d_updates", "counters.images_seen", "counters.skipped_g",
                 "counters.skipped_d", "objective.d_real_mean.value", "objective.d_fake_mean.value",
                 "objective.augment.p", "objective.augment.sign_sum", "sample_noise", "sample_labels"}
     assert expected <= set(buffers)
@@ -47,7 +47,7 @@ def test_every_buffer_is_saved_and_never_optimized():
 def test_buffers_follow_to():
     module = build().to(torch.float64)
     for name, buffer in module.named_buffers():
-        if name.endswith(("g_steps", "d_steps", "images_seen", "skipped_g", "skipped_d", "count", "sign_count",
+        if name.endswith(("g_updates", "d_updates", "images_seen", "skipped_g", "skipped_d", "count", "sign_count",
                           "num_updates", "sample_labels", "num_batches_tracked")):
             assert buffer.dtype == torch.int64, name  # integer counters stay integers
         else:

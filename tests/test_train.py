@@ -60,8 +60,8 @@ def test_tensorboard_images_layout_and_hparams(digits_run):
 def test_checkpoint_loads_weights_only_with_counters_and_buffers(digits_run):
     ckpt = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)
     state = ckpt["state_dict"]
-    assert int(state["counters.g_steps"]) == 6
-    assert int(state["counters.d_steps"]) == 6
+    assert int(state["counters.g_updates"]) == 6
+    assert int(state["counters.d_updates"]) == 6
     assert int(state["counters.images_seen"]) == 6 * 16
     assert state["sample_noise"].shape == (16, 64)
     assert any(k.startswith("ema.generator.") for k in state)
@@ -78,8 +78,8 @@ def test_resume_continues_from_saved_step(digits_run, tmp_path):
                      "trainer.max_steps=8")
     assert code == 0
     ckpt = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
-    assert int(ckpt["state_dict"]["counters.g_steps"]) == 8
-    assert int(ckpt["state_dict"]["counters.d_steps"]) == 8
+    assert int(ckpt["state_dict"]["counters.g_updates"]) == 8
+    assert int(ckpt["state_dict"]["counters.d_updates"]) == 8
     steps = [e.step for e in read_events(resumed / "tensorboard").Scalars("loss/g")]
     assert steps == [4, 5, 6, 7, 8]
     # The fixed sample noise is restored from the checkpoint, not redrawn.
@@ -102,8 +102,8 @@ def test_wgan_gp_makes_five_d_steps_per_g_step(tmp_path):
     run_dir = tmp_path / "wgan"
     assert run_train(run_dir, "loss=wgan_gp", "trainer.max_steps=2") == 0
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert int(ckpt["state_dict"]["counters.g_steps"]) == 2
-    assert int(ckpt["state_dict"]["counters.d_steps"]) == 10
+    assert int(ckpt["state_dict"]["counters.g_updates"]) == 2
+    assert int(ckpt["state_dict"]["counters.d_updates"]) == 10
     # The preset turns D's BatchNorm off: the gradient penalty is per sample.
     assert ckpt["hyper_parameters"]["cfg"]["model"]["d_batchnorm"] is False
     assert not any("running_mean" in k for k in ckpt["state_dict"] if k.startswith("D."))
@@ -139,7 +139,7 @@ def test_a_finished_run_keeps_its_newest_checkpoints_and_says_what_it_did(tmp_pa
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         "last.ckpt", "step_000005.ckpt", "step_000006.ckpt"]
     assert int(torch.load(run_dir / "checkpoints" / "step_000005.ckpt", weights_only=True)
-               ["state_dict"]["counters.g_steps"]) == 5
+               ["state_dict"]["counters.g_updates"]) == 5
 
     console = out.stdout + out.stderr
     assert "GPU available:" in console  # Lightning's other messages still reach the console
@@ -187,7 +187,7 @@ def test_ddp_on_two_cpu_processes(tmp_path):
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert int(ckpt["state_dict"]["counters.g_steps"]) == 6
+    assert int(ckpt["state_dict"]["counters.g_updates"]) == 6
     # Each rank draws its own share of one global batch: 6 steps x 16 images x 2 ranks.
     assert int(ckpt["state_dict"]["counters.images_seen"]) == 6 * 16 * 2
     assert out.stdout.count("Run finished: 6 generator steps") == 1  # the summary comes from rank 0 alone

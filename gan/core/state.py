@@ -31,8 +31,8 @@ class StepCounters(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.register_buffer("g_steps", torch.zeros((), dtype=torch.long))
-        self.register_buffer("d_steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("g_updates", torch.zeros((), dtype=torch.long))
+        self.register_buffer("d_updates", torch.zeros((), dtype=torch.long))
         self.register_buffer("images_seen", torch.zeros((), dtype=torch.long))
         self.register_buffer("skipped_g", torch.zeros((), dtype=torch.long))
         self.register_buffer("skipped_d", torch.zeros((), dtype=torch.long))
@@ -41,15 +41,15 @@ class StepCounters(nn.Module):
 
     @staticmethod
     def after_load(module: StepCounters, incompatible_keys: object) -> None:
-        module.g, module.d = int(module.g_steps), int(module.d_steps)
+        module.g, module.d = int(module.g_updates), int(module.d_updates)
 
     def count_d_step(self) -> None:
         self.d += 1
-        self.d_steps.fill_(self.d)  # an asynchronous write: no device sync
+        self.d_updates.fill_(self.d)  # an asynchronous write: no device sync
 
     def count_g_step(self, images: int) -> None:
         self.g += 1
-        self.g_steps.fill_(self.g)
+        self.g_updates.fill_(self.g)
         self.images_seen += images
 
     def count_skipped(self, network: str) -> None:

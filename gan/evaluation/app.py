@@ -110,7 +110,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
     metrics = build_metrics(run_cfg["data"], dataset, settings, device)
     samples, values = sample_and_score(module, metrics, settings, cfg.seed)
-    step = int(module.counters.g_steps)
+    step = int(module.counters.g_updates)
     # The long per-class table goes last, after the numbers a reader looks for first.
     headline = {k: v for k, v in values.items() if k != "per_class"}
     result = {**headline, "generator": generator, "step": step, "num_samples": settings.num_samples,

@@ -23,7 +23,9 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 # State moved since: the running means of D's outputs and the augmentation state now live in the
 # objective (gan/core/objective.py).
 RENAMED_PREFIXES = {"d_real_mean.": "objective.d_real_mean.", "d_fake_mean.": "objective.d_fake_mean.",
-                    "augment.": "objective.augment."}
+                    "augment.": "objective.augment.",
+                    # "d_steps" also named the D updates per generator step (train.d_steps): now "updates" here
+                    "counters.g_steps": "counters.g_updates", "counters.d_steps": "counters.d_updates"}
 # State no longer kept: the EMA's update count is the generator step count (gan/core/state.py).
 DROPPED = ("ema.num_updates",)
 
