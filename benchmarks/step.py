@@ -63,6 +63,7 @@ from tools.blocks import write_block  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 WARMUP = 5  # steps dropped from every measurement: allocator, caches, first logging
+DEFAULT_THREADS = torch.get_num_threads()  # before anything sets them: torch's default, or --threads
 
 
 # --- measuring ---------------------------------------------------------------------------------------------
@@ -97,8 +98,10 @@ def framework_ms(overrides: list[str], steps: int, device: str) -> float:
         return (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e3 / (len(clock.ends) - WARMUP)
 
 
-def bare_ms(step: Callable[[], object], steps: int, device: torch.device) -> float:
-    """Mean milliseconds per call of ``step`` in a plain loop, after WARMUP calls."""
+def bare_ms(step: Callable[[], object], steps: int, device: torch.device, threads: int | None = None) -> float:
+    """Mean milliseconds per call of ``step`` in a plain loop, after WARMUP calls, on ``threads`` threads
+    (as the recipe's train.threads sets them for train())."""
+    torch.set_num_threads(threads or DEFAULT_THREADS)
     for _ in range(WARMUP):
         step()
     if device.type == "cuda":
@@ -364,9 +367,10 @@ def section_a(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, d
     for name, overrides in recipes(folder, mnist).items():
         if args.recipes and not any(r in name for r in args.recipes):
             continue
-        step = bare_step(compose_train(*overrides, run_dir=Path("unused")), device)
+        cfg = compose_train(*overrides, run_dir=Path("unused"))
+        step, threads = bare_step(cfg, device), cfg.train.threads or DEFAULT_THREADS
         ms = alternate(args.rounds, framework=lambda o=overrides: framework_ms(o, args.steps, device.type),
-                       bare=lambda s=step: bare_ms(s, args.steps, device))
+                       bare=lambda s=step, t=threads: bare_ms(s, args.steps, device, t))
         ratio = ms["framework"] / ms["bare"]
         rows.append(f"| {name} | {ms['framework']:.2f} ms | {ms['bare']:.2f} ms | **{ratio:.3f}** | <= 1.05 |")
         print(rows[-1], flush=True)
@@ -539,7 +543,9 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="write each section into its generated block of this markdown file")
     args = parser.parse_args()
     if args.threads:
+        global DEFAULT_THREADS
         torch.set_num_threads(args.threads)
+        DEFAULT_THREADS = args.threads
     device = torch.device(args.device)
     header = (f"{args.rounds} rounds, the variants alternating; {args.steps} generator steps per measurement after "
               f"{WARMUP} dropped; mean time per step (logging steps included); {torch.get_num_threads()} threads, "

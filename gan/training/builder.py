@@ -117,6 +117,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     run_dir = Path(cfg.paths.run_dir)
     check_run_dir(run_dir, cfg.ckpt_path)
     check_writable(run_dir)
+    if cfg.train.threads:  # the recipe's measured choice (docs/benchmarks.md); null leaves torch's default
+        torch.set_num_threads(cfg.train.threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     container = OmegaConf.to_container(cfg, resolve=True)

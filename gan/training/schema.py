@@ -114,6 +114,7 @@ class Train:
     channels_last: bool = MISSING
     compile: bool = MISSING
     skip_nonfinite: bool = MISSING
+    threads: int | None = MISSING
 
 
 @dataclass
