@@ -34,9 +34,10 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".
 POINT_DATASETS = ("ring", "grid")
 
 
-def is_point_data(name: str) -> bool:
-    """Is the dataset called ``name`` (``data.name``) one of 2D points? Every other dataset is images."""
-    return name in POINT_DATASETS
+def is_points(shape: tuple[int, ...]) -> bool:
+    """Whether samples of ``shape`` (:func:`data_shape`) are 2D points rather than (C, H, W) images: the one
+    test of points-or-images, made on the shape wherever one is at hand."""
+    return len(shape) == 1
 
 
 def mixture_means(name: str) -> torch.Tensor:
@@ -213,7 +214,7 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
     split = split or cfg.get("split", "train")
     if split not in ("train", "test"):
         raise ConfigError(f"data.split={split}: use train or test")
-    if is_point_data(name):
+    if name in POINT_DATASETS:
         # The test split is a fresh draw from the same mixture.
         return mixture_dataset(name, cfg["num_points"], cfg["std"], seed + (split == "test"))
     if name in ("digits", "mnist", "fashion_mnist", "cifar10"):
@@ -248,8 +249,8 @@ def num_classes(dataset: Dataset) -> int:
 
 
 def data_shape(cfg: dict[str, Any]) -> tuple[int, ...]:
-    """Shape of one sample: (2,) for 2D mixtures, (C, S, S) for images."""
-    if is_point_data(cfg["name"]):
+    """Shape of one sample: (2,) for 2D mixtures, (C, S, S) for images. Where the data's name decides it."""
+    if cfg["name"] in POINT_DATASETS:
         return (2,)
     return (cfg["channels"], cfg["image_size"], cfg["image_size"])
 

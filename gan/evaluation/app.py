@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from gan.core.devices import resolve_device
-from gan.data.datasets import build_dataset, is_point_data, mixture_means
+from gan.data.datasets import build_dataset, is_points, mixture_means
 from gan.errors import ConfigError
 from gan.evaluation.features import to_uint8
 from gan.evaluation.metrics import build_metrics, scalars
@@ -119,7 +119,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
 
     out = run / "eval"
     atomic_write(out / "metrics.json", lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
-    points = is_point_data(run_cfg["data"]["name"])
+    points = is_points(module.data_shape)
     # Points keep their coordinates; images are stored as the 8-bit pixels a PNG would hold.
     stored = samples.cpu().numpy().astype(np.float32) if points else to_uint8(samples).cpu().numpy()
     atomic_write(out / "samples.npz", lambda f: np.savez_compressed(f, samples=stored))

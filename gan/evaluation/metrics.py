@@ -32,7 +32,7 @@ from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities import dim_zero_cat
 
 from gan.core.contexts import evaluating
-from gan.data.datasets import is_point_data, mixture_means
+from gan.data.datasets import is_points, mixture_means
 from gan.errors import ConfigError
 from gan.evaluation.features import FeatureExtractor, classifier_features, inception_features, to_uint8
 from gan.evaluation.settings import EvalSettings
@@ -312,7 +312,7 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
                   device: torch.device | str = "cpu") -> MixtureMetrics | ImageMetrics:
     """The metrics for a run's data, with the real side already in place."""
     name = data_cfg["name"]
-    if is_point_data(name):
+    if is_points(tuple(dataset[0][0].shape)):
         if settings.features is not None:
             raise ConfigError(f"features={settings.features} is for images; data={name} is scored by the "
                               "mode protocol (modes, high_quality, reverse_kl)")

@@ -13,7 +13,7 @@ from torch import Tensor
 from torchvision.utils import make_grid, save_image
 
 from gan.core.phases import PHASES
-from gan.data.datasets import is_point_data
+from gan.data.datasets import data_shape, is_points
 from gan.files import atomic_write
 
 matplotlib.use("Agg")  # files only: no display on servers and CI
@@ -78,7 +78,7 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
     from torch.utils.tensorboard.summary import hparams
 
     config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths")}
-    points = is_point_data(cfg["data"]["name"])
+    points = is_points(data_shape(cfg["data"]))
     metrics = ("modes", "high_quality", "reverse_kl") if points else ("fid", "kid", "precision", "recall")
     columns = {tag: float("nan") for tag in ("loss/d", "loss/g", *(f"metrics/{m}" for m in metrics))}
     for summary in hparams(flatten(config), columns):
@@ -116,7 +116,7 @@ def render_samples(samples: Tensor, path: Path, writer: Any, tag: str, step: int
     """One picture of ``samples``, saved as a PNG at ``path`` and, when ``writer`` (a SummaryWriter) is
     given, added to TensorBoard as ``tag`` at ``step``.
 
-    Points (``real_points`` given: the caller asked :func:`gan.data.is_point_data`) become a scatter
+    Points (``real_points`` given: the caller asked :func:`gan.data.datasets.is_points`) become a scatter
     plot over the real points and the mixture ``means``, titled ``title``; images become
     :func:`class_grid` (``per_class``, ``limit``: which images it shows).
     """

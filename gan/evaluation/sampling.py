@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gan.core.models import balanced_labels
-from gan.data.datasets import is_point_data
+from gan.data.datasets import is_points
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, quantize
 from gan.evaluation.settings import EvalSettings
 
@@ -46,7 +46,7 @@ def generate_samples(source: SampleSource, num_samples: int, seed: int, batch_si
     labels = balanced_labels(num_samples, source.num_classes)
     samples = torch.cat([source.generate(z.to(source.device), y.to(source.device))
                          for z, y in zip(noise.split(batch_size), labels.split(batch_size))])
-    return samples if is_point_data(source.cfg["data"]["name"]) else quantize(samples)
+    return samples if is_points(samples.shape[1:]) else quantize(samples)
 
 
 def sample_and_score(source: SampleSource, metrics: MixtureMetrics | ImageMetrics, settings: EvalSettings,

@@ -24,7 +24,7 @@ from gan.core.objective import Objective
 from gan.core.phases import PhaseTimer
 from gan.core.regularizers import R1, build_regularizer
 from gan.core.state import EMAGenerator
-from gan.data.datasets import data_shape, is_point_data, mixture_means, num_classes
+from gan.data.datasets import data_shape, is_points, mixture_means, num_classes
 from gan.data.module import GANDataModule
 from gan.errors import ConfigError, Interrupted
 from gan.evaluation.pictures import real_points_for_plot
@@ -85,7 +85,7 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
     objective = Objective(get_loss(cfg["loss"]["name"]), build_regularizer(cfg["reg"]),
                           build_augment(cfg["augment"], shape), gp_weight, classes, shape)
     ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
-    images = len(shape) == 3
+    images = not is_points(shape)
     channels_last = bool(train["channels_last"]) and images
     if channels_last:  # NHWC weights (and batches), which oneDNN's and cuDNN's convolutions prefer
         G.to(memory_format=torch.channels_last)
@@ -104,7 +104,7 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
         lr_decay=cfg["optim"]["decay"], max_steps=cfg["trainer"]["max_steps"],
         z_dim=z_dim, d_steps=train["d_steps"], batch_size=train["batch_size"], log_every=cfg["log"]["every"],
         sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
-        sample_labels=balanced_labels(n, classes), num_classes=classes, channels_last=channels_last,
+        sample_labels=balanced_labels(n, classes), data_shape=shape, num_classes=classes, channels_last=channels_last,
         audit=bool(cfg["audit"]), timer=PhaseTimer(timing["enabled"], timing["sync"]),
         hparams={"cfg": cfg, "data_shape": list(shape), "num_classes": classes})
 
@@ -130,7 +130,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     if cfg.ckpt_path is not None:
         check_resumable(module, cfg.ckpt_path)
 
-    points = is_point_data(cfg.data.name)
+    points = is_points(module.data_shape)
     guard = NonFiniteGuard(cfg.train.skip_nonfinite)
     module.before_logging.append(lambda: guard.read(module))  # a bad update stops the run before it is logged
     checkpoints = GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,

@@ -12,7 +12,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from gan.cli import reported
-from gan.data.datasets import is_point_data
+from gan.data.datasets import data_shape, is_points
 from gan.errors import ConfigError
 from gan.training import strategy
 from gan.training.checkpoint import mismatched, read_checkpoint
@@ -69,7 +69,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     if not 0 <= cfg.ema.decay < 1:
         raise ConfigError(f"ema.decay={cfg.ema.decay}: it must be in [0, 1) (0.999 averages over about the "
                           "last 1,000 generator steps)")
-    if not is_point_data(cfg.data.name) and (cfg.data.image_size < 1 or cfg.data.channels not in (1, 3)):
+    if not is_points(data_shape(cfg.data)) and (cfg.data.image_size < 1 or cfg.data.channels not in (1, 3)):
         raise ConfigError(f"data.image_size={cfg.data.image_size}, data.channels={cfg.data.channels}: images need a "
                           "size >= 1 (model=dcgan: >= 4) and 1 (grayscale) or 3 (RGB) channels")
     if cfg.trainer.strategy == "ddp":

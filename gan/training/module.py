@@ -33,7 +33,7 @@ class GANModule(L.LightningModule):
     def __init__(self, G: nn.Module, D: nn.Module, objective: Objective, *, ema: EMAGenerator | None,
                  optimizers: tuple[OptimizerFactory, OptimizerFactory], lr_decay: str, max_steps: int,
                  z_dim: int, d_steps: int, batch_size: int, log_every: int, sample_noise: Tensor,
-                 sample_labels: Tensor, num_classes: int = 0, channels_last: bool = False,
+                 sample_labels: Tensor, data_shape: tuple[int, ...], num_classes: int = 0, channels_last: bool = False,
                  audit: bool = False, timer: PhaseTimer | None = None, hparams: dict[str, Any] | None = None):
         super().__init__()
         # Plain containers only: an OmegaConf DictConfig in the checkpoint would make it unloadable
@@ -44,7 +44,8 @@ class GANModule(L.LightningModule):
         self.G, self.D, self.objective, self.ema = G, D, objective, ema
         self.make_optimizers, self.lr_decay, self.max_steps = optimizers, lr_decay, max_steps
         self.z_dim, self.d_steps, self.batch_size, self.log_every = z_dim, d_steps, batch_size, log_every
-        self.num_classes, self.channels_last, self.audit = num_classes, channels_last, audit
+        self.data_shape, self.num_classes = tuple(data_shape), num_classes  # (2,) points, (C, H, W) images
+        self.channels_last, self.audit = channels_last, audit
         self.counters = StepCounters()
         self.before_logging: list[Callable[[], None]] = []  # e.g. the non-finite guard's read of its verdict
         self.last_losses: dict[str, float] = {}  # the last logged loss/d and loss/g
