@@ -4,6 +4,7 @@ order, and every relative link in README.md and docs/*.md points to a file (and 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,17 @@ def test_links_to_a_heading_name_one_that_exists(doc):
             if anchor not in heading_anchors(linked):
                 broken.append(target)
     assert not broken, f"{doc.relative_to(ROOT)} links to headings that do not exist: {broken}"
+
+
+def test_every_generated_block_is_stamped_and_the_stale_check_reads_git():
+    """Measured numbers live in generated blocks (tools/blocks.py); each says how, where and from what code."""
+    sys.path.insert(0, str(ROOT))
+    from tools import blocks
+
+    found = [b for path in sorted((ROOT / "docs").glob("*.md")) for b in blocks.blocks(path)]
+    assert found, "docs/ has no generated block"
+    for block in found:
+        assert {"command", "commit", "machine", "inputs"} <= block.keys(), block
+    assert blocks.stale({"commit": "0000000", "inputs": "gan"}) == "commit 0000000 is not in this repository"
+    head = blocks.git("rev-parse", "--short", "HEAD")
+    assert blocks.stale({"commit": head, "inputs": "gan"}) is None  # nothing committed since HEAD
