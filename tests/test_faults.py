@@ -15,7 +15,7 @@ import time
 import lightning as L
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, read_events, run_train
+from conftest import ROOT, TINY, LearningRates, compose_config, read_events, run_train
 
 import gan.files
 from gan.errors import RunError
@@ -25,8 +25,8 @@ from gan.training.builder import train
 DIVERGING = ["optim.d.lr=1e10", "checkpoint.every=1"]
 NONFINITE = re.compile(r"error: generator step (\d+), (D|G) update: the loss is (nan|inf) \(forward\); the update was "
                        r"skipped and no checkpoint written after it: resume from the last checkpoint with lower "
-                       r"learning rates \(optim\.d\.lr, optim\.g\.lr\) or a regularizer \(e\.g\. reg=r1\), or set "
-                       r"train\.skip_nonfinite=true to skip such updates")
+                       r"learning rates \(optim\.d\.lr, optim\.g\.lr\) or a regularizer \(e\.g\. reg=r1 "
+                       r"resume\.allow_changes=true\), or set train\.skip_nonfinite=true to skip such updates")
 
 
 def finite_weights(state: dict[str, torch.Tensor]) -> bool:
@@ -45,6 +45,32 @@ def test_a_nonfinite_loss_stops_the_run_within_its_step_and_keeps_the_last_good_
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert int(last["counters.g_steps"]) == step - 1 and finite_weights(last)
     assert not (run / "checkpoints" / f"step_{step:06d}.ckpt").exists()
+
+
+def test_a_diverged_run_resumes_from_its_last_checkpoint_with_the_lower_learning_rates_it_is_told(tmp_path, capsys):
+    """The message's advice, followed. (From scratch, DIVERGING's first D update already throws D's weights
+    1e10 off, so its only checkpoint, of step 1, cannot be rescued: here a healthy run diverges on resume.)"""
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    assert run_train(run, "trainer.max_steps=3") == 0
+    # D's learning rate raised on resume: the next D update throws D's weights off, and the loss overflows.
+    assert run_train(run, f"ckpt_path={last}", "optim.d.lr=1e10") == 1
+    error = NONFINITE.fullmatch(capsys.readouterr().err.strip().splitlines()[-1])
+    assert error and int(error[1]) > 4
+    assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_steps"]) == 3  # the last good state
+
+    rates = LearningRates()
+    cfg = compose_config(*TINY, f"ckpt_path={last}", "optim.d.lr=1e-4", "optim.g.lr=5e-5", run_dir=run)
+    module = train(cfg, extra_callbacks=[rates])
+    assert module.counters.g == 6 and rates.seen == [[5e-5, 1e-4]] * 3  # every step of the resumed run
+    saved = torch.load(last, weights_only=True)
+    assert [g["lr"] for s in saved["optimizer_states"] for g in s["param_groups"]] == [5e-5, 1e-4]
+    assert finite_weights(saved["state_dict"]) and int(saved["state_dict"]["counters.g_steps"]) == 6
+    # One line per change, against the checkpoint's own config (the diverged resume wrote no checkpoint).
+    out = capsys.readouterr().out
+    for change in ("optim.g.lr=0.0002 there, 5e-05 here", "optim.d.lr=0.0002 there, 0.0001 here",
+                   "trainer.max_steps=3 there, 6 here"):
+        assert out.count(f"resume: {change}: applied") == 1, change
 
 
 class NonfiniteGradient(L.Callback):

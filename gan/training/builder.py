@@ -35,6 +35,7 @@ from gan.training.checkpoint import AtomicCheckpointIO
 from gan.training.checks import check_resumable, check_run_dir, check_writable, validate
 from gan.training.guard import NonFiniteGuard
 from gan.training.module import GANModule
+from gan.training.resume import ApplyOnResume, log_changes
 from gan.training.rng import RNGState
 from gan.training.timing import StepTimer
 
@@ -125,8 +126,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     if cfg.model.conditional and classes == 0:
         raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
     module = build_module(container, data_shape(container["data"]), classes)
-    if cfg.ckpt_path is not None:
-        check_resumable(module, cfg.ckpt_path)
+    resuming = cfg.ckpt_path is not None
+    if resuming:
+        log_changes(check_resumable(module, cfg))
 
     points = is_point_data(cfg.data.name)
     guard = NonFiniteGuard(cfg.train.skip_nonfinite)
@@ -135,6 +137,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
                                           before_save=lambda: guard.read(module))  # no checkpoint after a bad update
     callbacks: list[L.Callback] = [
         *extra_callbacks,
+        *([ApplyOnResume(container["optim"])] if resuming else []),  # this config's rates, not the checkpoint's
         RNGState(),
         guard,
         checkpoints,

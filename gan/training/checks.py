@@ -17,6 +17,7 @@ from gan.errors import ConfigError
 from gan.training import strategy
 from gan.training.checkpoint import mismatched, read_checkpoint
 from gan.training.module import GANModule
+from gan.training.resume import Change, changes, check_changes
 from gan.training.schema import TrainConfig, conform
 
 
@@ -100,17 +101,33 @@ class CheckBeforeWriting(Callback):
             cfg = validate(OmegaConf.create(task))
             check_run_dir(run_dir, cfg.ckpt_path)
             check_writable(run_dir)
+            if cfg.ckpt_path is not None:  # a refused resume into its own run leaves that run's .hydra/ as it was
+                check_changes(config_changes(read_checkpoint(cfg.ckpt_path, "ckpt_path"),
+                                             OmegaConf.to_container(cfg, resolve=True)), cfg)
 
 
-def check_resumable(module: GANModule, ckpt_path: str) -> None:
-    """Refuse a checkpoint that cannot resume ``module``: no checkpoint, an unsafe one, or one of other networks.
+def check_resumable(module: GANModule, cfg: DictConfig) -> list[Change]:
+    """Refuse a checkpoint (``cfg.ckpt_path``) that cannot resume ``module``, built from ``cfg``: no checkpoint,
+    an unsafe one, one of other networks, or one trained with another objective or data (unless
+    resume.allow_changes). Returns what the resume changes (gan/training/resume.py).
 
     The file is read here once more than Lightning reads it (weights_only, on the CPU): Lightning's
     own errors for such files are tracebacks, and for other networks a list of every tensor.
     """
-    problems = mismatched(module.state_dict(), read_checkpoint(ckpt_path, "ckpt_path")["state_dict"])
+    ckpt_path = cfg.ckpt_path
+    checkpoint = read_checkpoint(ckpt_path, "ckpt_path")
+    problems = mismatched(module.state_dict(), checkpoint["state_dict"])
     if problems:
         overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
         raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
                           "resume with the overrides its run was trained with"
                           + (f" ({overrides})" if overrides.is_file() else ""))
+    found = config_changes(checkpoint, module.cfg)
+    check_changes(found, cfg)
+    return found
+
+
+def config_changes(checkpoint: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
+    """What ``composed`` changes of the config saved in ``checkpoint`` (none for a checkpoint without one)."""
+    saved = checkpoint["hyper_parameters"].get("cfg")
+    return changes(saved, composed) if isinstance(saved, dict) else []
