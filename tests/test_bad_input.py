@@ -5,6 +5,7 @@ real main(), real files."""
 from __future__ import annotations
 
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_main, run_train
+from conftest import ROOT, TINY, compose_config, run_main, run_train
 from hydra.errors import HydraException
 from PIL import Image
 
 from gan.errors import ConfigError
+from gan.training.checks import validate
 
 
 def one_line(capsys) -> str:
@@ -50,6 +52,12 @@ CONFIG_ERRORS = {
     ("train.batch_size=0",): "error: train.batch_size=0: it must be >= 1 (real images per D update, set by "
                              "data.batch_size)",
     ("loss.d_steps=0",): "error: train.d_steps=0: it must be >= 1 (D updates per generator step, set by loss.d_steps)",
+    ("model.width=0",): "error: model.width=0: it must be >= 1 (model=dcgan's channels at its widest resolution)",
+    ("experiment=ring", "model.hidden=0"): "error: model.hidden=0: it must be >= 1 (model=mlp's units per hidden "
+                                           "layer)",
+    ("trainer.devices=0",): "error: trainer.devices=0: it must be >= 1 (devices per node; -1: all of them; or auto, or "
+                            "a list of device indices)",
+    ("trainer.num_nodes=0",): "error: trainer.num_nodes=0: it must be >= 1 (machines the run spans)",
     ("optim.d.lr=0",): "error: optim.d.lr=0.0: a learning rate must be > 0",
     ("optim.g.lr=-1e-4",): "error: optim.g.lr=-0.0001: a learning rate must be > 0",
     ("ema.decay=1",): "error: ema.decay=1.0: it must be in [0, 1) (0.999 averages over about the last 1,000 "
@@ -67,6 +75,28 @@ def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
         assert run_train(tmp_path / "run", *overrides) == 2, overrides
         assert one_line(capsys) == expected
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
+
+
+def test_bounds_hold_only_where_the_chosen_option_has_the_key_and_minus_one_devices_means_all():
+    validate(compose_config(*TINY, "experiment=ring"))  # model=mlp: no model.width
+    validate(compose_config(*TINY, "trainer.devices=-1"))
+    with pytest.raises(ConfigError, match=r"^trainer\.devices=-2: it must be >= 1"):
+        validate(compose_config(*TINY, "trainer.devices=-2"))
+
+
+def test_the_lines_a_run_ends_with_can_be_pasted_when_its_directory_has_a_space(tmp_path, capsys):
+    run = tmp_path / "my runs" / "run 1"
+    assert run_train(run, "trainer.max_steps=1") == 0
+    lines = (run / "train.log").read_text().splitlines()
+    tensorboard = next(line for line in lines if "curves and samples: " in line).partition("curves and samples: ")[2]
+    evaluate = next(line for line in lines if "metrics: " in line).partition("metrics: ")[2]
+    assert shlex.split(tensorboard) == ["tensorboard", "--logdir", str(run / "tensorboard")]
+    assert shlex.split(evaluate) == ["python", "evaluate.py", f"run_dir={run}"]
+    assert run_main("evaluate", *shlex.split(evaluate)[2:], "num_samples=50") == 0  # as a shell passes it
+    capsys.readouterr()
+    assert run_train(run) == 2  # a new run over it: the line says how to resume it
+    resume = one_line(capsys).rpartition("or resume it with ")[2]
+    assert shlex.split(resume) == [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]
 
 
 def test_an_image_size_the_model_cannot_build(tmp_path, capsys):

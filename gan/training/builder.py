@@ -205,5 +205,6 @@ def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path, stopped_by
              else f"no losses logged (log.every={every})")
     how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
     log.info(f"Run {how} {step} generator steps in {run_dir}; {final}")
-    log.info(f"  curves and samples: tensorboard --logdir {run_dir / 'tensorboard'}")
-    log.info(f"  metrics:            python evaluate.py run_dir={run_dir}")
+    # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
+    log.info(f"  curves and samples: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
+    log.info(f"  metrics:            python evaluate.py {shlex.quote(f'run_dir={run_dir}')}")

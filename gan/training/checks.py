@@ -4,6 +4,7 @@ failure is a ConfigError that names the value and the fix."""
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
     if existing.is_dir() and any(existing.iterdir()):
         resuming_here = ckpt_path is not None and Path(ckpt_path).resolve().parent == existing.resolve()
         if not resuming_here:
+            resume = shlex.quote(f"ckpt_path={existing / 'last.ckpt'}")
             raise ConfigError(f"{run_dir} already holds a run's checkpoints: choose a new hydra.run.dir, "
-                              f"or resume it with ckpt_path={existing / 'last.ckpt'}")
+                              f"or resume it with {resume}")
 
 
 def check_writable(run_dir: Path) -> None:
@@ -39,9 +41,15 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"hydra.run.dir={run_dir} cannot be written: {existing} {why}; choose another hydra.run.dir")
 
 
-# Lower bounds that types cannot say: key -> (least value, what the key is).
+# Lower bounds that types cannot say: key -> (least value, what the key is). A key that only some options of
+# its group have (model.width: dcgan's) is checked where the chosen option has it.
 AT_LEAST = {
     "trainer.max_steps": (1, "the number of generator steps"),
+    "trainer.devices": (1, "devices per node; -1: all of them; or auto, or a list of device indices"),
+    "trainer.num_nodes": (1, "machines the run spans"),
+    "model.width": (1, "model=dcgan's channels at its widest resolution"),
+    "model.hidden": (1, "model=mlp's units per hidden layer"),
+    "model.layers": (0, "model=mlp's hidden layers"),
     "train.batch_size": (1, "real images per D update, set by data.batch_size"),
     "train.d_steps": (1, "D updates per generator step, set by loss.d_steps"),
     "train.z_dim": (1, "the size of G's noise vector"),
@@ -52,6 +60,9 @@ AT_LEAST = {
     "checkpoint.keep": (0, "periodic checkpoints kept besides last.ckpt; 0 keeps them all"),
 }
 
+# Values below a key's bound that mean something: Lightning's trainer.devices=-1 is every device there is.
+MEANS = {"trainer.devices": (-1,)}
+
 
 def validate(cfg: DictConfig) -> DictConfig:
     """``cfg`` with its values converted to their types (gan/training/schema.py); a ConfigError names the first
@@ -61,7 +72,8 @@ def validate(cfg: DictConfig) -> DictConfig:
     if missing:
         raise ConfigError(f"{missing[0]} has no value: give one, e.g. python train.py {missing[0]}=<value>")
     for key, (least, meaning) in AT_LEAST.items():
-        if (value := OmegaConf.select(cfg, key)) < least:
+        value = OmegaConf.select(cfg, key)  # None where the chosen option has no such key
+        if isinstance(value, int) and not isinstance(value, bool) and value < least and value not in MEANS.get(key, ()):
             raise ConfigError(f"{key}={value}: it must be >= {least} ({meaning})")
     for network in ("g", "d"):
         lr = cfg.optim[network].lr
