@@ -1,6 +1,6 @@
-"""Bad input to train.py and evaluate.py: one line on stderr naming the problem and the fix, no traceback, a
-non-zero exit code, and nothing of an existing run overwritten. Real Hydra composition, the entry points'
-real main(), real files."""
+"""Bad input to train.py and evaluate.py: one line on stderr naming the problem and the fix, no traceback, a non-zero
+exit code, and what the config's checks refuse leaves an existing run's files as they were. Real Hydra composition,
+the entry points' real main(), real files."""
 
 from __future__ import annotations
 
