@@ -14,7 +14,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from gan.errors import ConfigError, Interrupted, RunError, unknown_key
+from gan.errors import ConfigError, Interrupted, RunError, StoppedAtOnce, unknown_key
 
 
 def hydra_message(e: Exception) -> str:
@@ -68,7 +68,9 @@ def reported() -> Iterator[None]:
     except (RunError, OSError) as e:
         report(f"error: {one_line(e)}", 1)
     except Interrupted as e:
-        report(str(e), 130)
+        report(str(e), e.code)
+    except StoppedAtOnce as e:
+        report(e.message, e.code)
     except KeyboardInterrupt:
         report("interrupted", 130)
 
@@ -86,8 +88,9 @@ def entry_point(task: Callable[[DictConfig], Any], config_path: str, config_name
 
     Bad input ends the process with one line on stderr, without a traceback, and exit code 2: a
     ConfigError, or an error Hydra raises while composing (an unknown option or key, a malformed
-    override). A run that cannot go on (RunError, OSError) ends the same way with exit code 1, Ctrl-C
-    with 130 (128 + SIGINT, as a shell reports it). Hydra itself prints its errors over several lines
+    override). A run that cannot go on (RunError, OSError) ends the same way with exit code 1; a run
+    stopped by a signal with 128 + its number, as a shell reports it (Ctrl-C 130, SIGTERM 143, SIGUSR1
+    138). Hydra itself prints its errors over several lines
     and exits with 1; it raises them instead while HYDRA_FULL_ERROR=1 -- its documented switch --,
     which is therefore set while Hydra composes. The task runs, and starts any process (DDP ranks),
     under the user's own setting; with HYDRA_FULL_ERROR=1 every error keeps its traceback.

@@ -18,7 +18,23 @@ class RunError(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Training stopped by Ctrl-C, its checkpoint saved; the message says how to resume."""
+    """Training stopped by a signal (Ctrl-C, SIGTERM, SIGUSR1) at the end of a step, its checkpoint saved; the
+    message says how to resume. ``code``: the exit code, 128 + the signal's number, as a shell reports a
+    process the signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, code: int = 130):
+        super().__init__(message)
+        self.code = code
+
+
+class StoppedAtOnce(SystemExit):
+    """A second stopping signal: training stopped where it was, without a checkpoint of that step. A
+    SystemExit, which Lightning lets through after its cleanup (a KeyboardInterrupt it would turn into exit
+    code 1); ``code`` is 128 + the signal's number, ``message`` says what to resume from."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(code)
+        self.message = message
 
 
 def unknown_key(full_key: str, keys: Iterable[Any]) -> str:

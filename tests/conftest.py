@@ -12,6 +12,7 @@ import sys  # noqa: E402
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import lightning as L
 import pytest
 from omegaconf import DictConfig
 
@@ -63,6 +64,16 @@ def run_train(run_dir: Path, *overrides: str) -> int:
     """train.py with the TINY settings into ``run_dir``; returns its exit code."""
     flags = [o for o in overrides if o.startswith("-")]  # e.g. -m: Hydra's flags come before overrides
     return run_main("train", *flags, *TINY, f"hydra.run.dir={run_dir}", *(o for o in overrides if o not in flags))
+
+
+class LearningRates(L.Callback):
+    """The learning rates of G's and D's optimizers at the start of every generator step of a run."""
+
+    def __init__(self):
+        self.seen: list[list[float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, *args):
+        self.seen.append([group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups])
 
 
 def read_events(log_dir: Path):

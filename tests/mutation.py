@@ -14,6 +14,7 @@ import gan.core.step
 WITHOUT_DETACH = ("real, fake.detach(), labels", "real, fake, labels")
 D_NOT_FROZEN = ("with frozen(D),", "with frozen(),")  # frozen() with no modules freezes nothing
 NO_ZERO_GRAD_G = ("opt_g.zero_grad(set_to_none=True)", "pass")
+NO_G_STEP = ("opt_g.step()", "pass")
 
 
 @contextlib.contextmanager

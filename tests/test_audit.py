@@ -7,13 +7,16 @@ import contextlib
 import pytest
 import torch
 from conftest import compose_config
-from mutation import D_NOT_FROZEN, NO_ZERO_GRAD_G, WITHOUT_DETACH, mutated_step
+from mutation import D_NOT_FROZEN, NO_G_STEP, NO_ZERO_GRAD_G, WITHOUT_DETACH, mutated_step
+from torch import nn
 
+import gan.core.step
 import gan.training.builder
 import gan.training.module
 from gan.core.objective import Objective
 from gan.training.audit import AuditError, check_plain_numbers, expected_to_change
 from gan.training.builder import build_module, train
+from gan.training.module import GANModule
 
 
 def tiny(tmp_path, *overrides: str):
@@ -66,6 +69,115 @@ def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(gan.training.builder, "build_models", with_buffer)
     monkeypatch.setattr(Objective, "g_loss", touching_d)
     with pytest.raises(AuditError, match=r"G update changed D\.calls"):
+        train(tiny(tmp_path))
+
+
+def test_a_g_weight_the_g_update_leaves_without_a_gradient_is_caught(tmp_path, monkeypatch):
+    """Planted: a parameter of G that G's forward never uses, so the G loss cannot reach it."""
+    build_models = gan.training.builder.build_models
+
+    def with_unused_weight(*args, **kwargs):
+        G, D = build_models(*args, **kwargs)
+        G.register_parameter("unused", nn.Parameter(torch.zeros(3)))
+        return G, D
+
+    monkeypatch.setattr(gan.training.builder, "build_models", with_unused_weight)
+    with pytest.raises(AuditError, match=r"^G update left G\.unused with no gradient"):
+        train(tiny(tmp_path))
+
+
+def planted_optimizers(monkeypatch, change):
+    """GANModule.configure_optimizers with ``change(module, [opt_g, opt_d])`` applied to what it returns."""
+    configure = GANModule.configure_optimizers
+
+    def changed(self):
+        optimizers = configure(self)
+        return change(self, optimizers) or optimizers
+
+    monkeypatch.setattr(GANModule, "configure_optimizers", changed)
+
+
+@pytest.mark.parametrize("index,network", [(0, "G"), (1, "D")])
+def test_an_update_that_moves_no_weight_is_caught(tmp_path, monkeypatch, index, network):
+    """Planted: a learning rate of 0 (the checks refuse one in the config; a schedule could reach it)."""
+    def zero_lr(module, optimizers):
+        for group in optimizers[index].param_groups:
+            group["lr"] = 0.0
+
+    planted_optimizers(monkeypatch, zero_lr)
+    with pytest.raises(AuditError, match=rf"^the {network} update moved none of {network}'s weights \(learning rate "
+                                         r"\[0\.0\]\)"):
+        train(tiny(tmp_path))
+
+
+def test_an_optimizer_that_holds_the_other_networks_weights_is_caught(tmp_path, monkeypatch):
+    """Planted: D's optimizer built over D's parameters and G's first."""
+    def with_a_g_weight(module, optimizers):
+        return [optimizers[0], module.make_optimizers[1]([*module.D.parameters(), next(module.G.parameters())])]
+
+    planted_optimizers(monkeypatch, with_a_g_weight)
+    with pytest.raises(AuditError, match=r"^D's optimizer holds G\.net\.\d+\.weight, which is not D's"):
+        train(tiny(tmp_path))
+
+
+def test_an_optimizer_that_misses_a_weight_of_its_network_is_caught(tmp_path, monkeypatch):
+    """Planted: D's optimizer built without D's last parameter, which then gets gradients and never moves."""
+    def without_the_last(module, optimizers):
+        return [optimizers[0], module.make_optimizers[1](list(module.D.parameters())[:-1])]
+
+    planted_optimizers(monkeypatch, without_the_last)
+    with pytest.raises(AuditError, match=r"^D's optimizer does not hold D\.net\.\d+\.bias: the D update cannot "
+                                         "move it"):
+        train(tiny(tmp_path))
+
+
+def test_optimizers_stepped_in_the_other_networks_update_are_caught(tmp_path, monkeypatch):
+    """Planted: the step handed G's optimizer as D's and D's as G's."""
+    generator_step = gan.core.step.generator_step
+
+    def swapped(G, D, opt_g, opt_d, *args, **kwargs):
+        return generator_step(G, D, opt_d, opt_g, *args, **kwargs)
+
+    monkeypatch.setattr(gan.core.step, "generator_step", swapped)
+    with pytest.raises(AuditError, match=r"^G's optimizer stepped in the D update"):
+        train(tiny(tmp_path))
+
+
+def test_an_update_whose_optimizer_never_steps_is_caught(tmp_path):
+    with mutated_step(*NO_G_STEP), pytest.raises(
+            AuditError, match=r"^G's optimizer stepped 0 times in a generator step, not 1"):
+        train(tiny(tmp_path))
+
+
+def test_a_training_forward_in_eval_mode_is_caught(tmp_path, monkeypatch):
+    """Planted: D 'frozen' for the G update by eval() as well, so G is judged by another function than D is
+    trained as (BatchNorm with its running statistics)."""
+    frozen = gan.core.step.frozen
+
+    @contextlib.contextmanager
+    def frozen_in_eval_mode(*modules):
+        for m in modules:
+            m.eval()
+        with frozen(*modules):
+            yield
+        for m in modules:
+            m.train()
+
+    monkeypatch.setattr(gan.core.step, "frozen", frozen_in_eval_mode)
+    with pytest.raises(AuditError, match=r"^D\.<root> ran a training forward in eval mode \(phase g_forward\)"):
+        train(tiny(tmp_path))
+
+
+def test_a_generator_left_in_eval_mode_is_caught(tmp_path, monkeypatch):
+    """Planted: a training step that leaves G in eval mode (as sampling code that forgot to restore it would)."""
+    training_step = GANModule.training_step
+
+    def g_in_eval_mode(self, *args):
+        self.G.eval()
+        return training_step(self, *args)
+
+    monkeypatch.setattr(GANModule, "training_step", g_in_eval_mode)
+    with pytest.raises(AuditError, match=r"^G\.<root> ran a training forward in eval mode \(phase g_forward\)"):
         train(tiny(tmp_path))
 
 

@@ -1,10 +1,11 @@
-"""Bad input to train.py and evaluate.py: one line on stderr naming the problem and the fix, no traceback, a
-non-zero exit code, and nothing of an existing run overwritten. Real Hydra composition, the entry points'
-real main(), real files."""
+"""Bad input to train.py and evaluate.py: one line on stderr naming the problem and the fix, no traceback, a non-zero
+exit code, and what the config's checks refuse leaves an existing run's files as they were. Real Hydra composition,
+the entry points' real main(), real files."""
 
 from __future__ import annotations
 
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_main, run_train
+from conftest import ROOT, TINY, compose_config, run_main, run_train
 from hydra.errors import HydraException
 from PIL import Image
 
 from gan.errors import ConfigError
+from gan.training.checks import validate
 
 
 def one_line(capsys) -> str:
@@ -50,6 +52,12 @@ CONFIG_ERRORS = {
     ("train.batch_size=0",): "error: train.batch_size=0: it must be >= 1 (real images per D update, set by "
                              "data.batch_size)",
     ("loss.d_steps=0",): "error: train.d_steps=0: it must be >= 1 (D updates per generator step, set by loss.d_steps)",
+    ("model.width=0",): "error: model.width=0: it must be >= 1 (model=dcgan's channels at its widest resolution)",
+    ("experiment=ring", "model.hidden=0"): "error: model.hidden=0: it must be >= 1 (model=mlp's units per hidden "
+                                           "layer)",
+    ("trainer.devices=0",): "error: trainer.devices=0: it must be >= 1 (devices per node; -1: all of them; or auto, or "
+                            "a list of device indices)",
+    ("trainer.num_nodes=0",): "error: trainer.num_nodes=0: it must be >= 1 (machines the run spans)",
     ("optim.d.lr=0",): "error: optim.d.lr=0.0: a learning rate must be > 0",
     ("optim.g.lr=-1e-4",): "error: optim.g.lr=-0.0001: a learning rate must be > 0",
     ("ema.decay=1",): "error: ema.decay=1.0: it must be in [0, 1) (0.999 averages over about the last 1,000 "
@@ -67,6 +75,28 @@ def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
         assert run_train(tmp_path / "run", *overrides) == 2, overrides
         assert one_line(capsys) == expected
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
+
+
+def test_bounds_hold_only_where_the_chosen_option_has_the_key_and_minus_one_devices_means_all():
+    validate(compose_config(*TINY, "experiment=ring"))  # model=mlp: no model.width
+    validate(compose_config(*TINY, "trainer.devices=-1"))
+    with pytest.raises(ConfigError, match=r"^trainer\.devices=-2: it must be >= 1"):
+        validate(compose_config(*TINY, "trainer.devices=-2"))
+
+
+def test_the_lines_a_run_ends_with_can_be_pasted_when_its_directory_has_a_space(tmp_path, capsys):
+    run = tmp_path / "my runs" / "run 1"
+    assert run_train(run, "trainer.max_steps=1") == 0
+    lines = (run / "train.log").read_text().splitlines()
+    tensorboard = next(line for line in lines if "curves and samples: " in line).partition("curves and samples: ")[2]
+    evaluate = next(line for line in lines if "metrics: " in line).partition("metrics: ")[2]
+    assert shlex.split(tensorboard) == ["tensorboard", "--logdir", str(run / "tensorboard")]
+    assert shlex.split(evaluate) == ["python", "evaluate.py", f"run_dir={run}"]
+    assert run_main("evaluate", *shlex.split(evaluate)[2:], "num_samples=50") == 0  # as a shell passes it
+    capsys.readouterr()
+    assert run_train(run) == 2  # a new run over it: the line says how to resume it
+    resume = one_line(capsys).rpartition("or resume it with ")[2]
+    assert shlex.split(resume) == [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]
 
 
 def test_an_image_size_the_model_cannot_build(tmp_path, capsys):
@@ -163,8 +193,13 @@ def test_files_that_are_no_checkpoint_are_refused_by_train_and_evaluate(digits_r
 
 
 def test_a_checkpoint_of_other_networks_lists_the_mismatched_tensors(digits_run, tmp_path, capsys):
+    """Networks the checkpoint cannot fill, even where the changed config is allowed (resume.allow_changes):
+    without it, the config's own comparison refuses model.width=4 first (tests/test_resume.py)."""
     last = digits_run / "checkpoints" / "last.ckpt"
     assert run_train(tmp_path / "run", f"ckpt_path={last}", "model.width=4") == 2
+    assert one_line(capsys).startswith(f"error: ckpt_path={last} was trained with other networks, objective or data "
+                                       "(model.width=8 there, 4 here): resume with model.width=8 to go on as trained")
+    assert run_train(tmp_path / "run", f"ckpt_path={last}", "model.width=4", "resume.allow_changes=true") == 2
     assert one_line(capsys) == (
         f"error: ckpt_path={last} holds other networks than this config builds (G.net.1.weight (64, 16, 4, 4) in the "
         "checkpoint, (64, 8, 4, 4) here; G.net.2.weight (16,) in the checkpoint, (8,) here; G.net.2.bias (16,) in the "

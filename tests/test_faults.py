@@ -1,11 +1,12 @@
-"""Divergence and faults: a non-finite loss or gradient, Ctrl-C, a full disk. Real runs, real checkpoints, real
-processes; the full disk is the one thing simulated. (SIGKILL at any moment: tests/test_resume.py.)"""
+"""Divergence and faults: a non-finite loss or gradient, Ctrl-C and other signals, a full disk. Real runs, real
+checkpoints, real processes; the full disk is the one thing simulated. (SIGKILL at any moment: tests/test_resume.py.)"""
 
 from __future__ import annotations
 
 import errno
 import io
 import math
+import os
 import re
 import signal
 import subprocess
@@ -15,18 +16,19 @@ import time
 import lightning as L
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, read_events, run_train
+from conftest import ROOT, TINY, LearningRates, compose_config, read_events, run_train
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
 import gan.files
-from gan.errors import RunError
-from gan.training.builder import train
+from gan.errors import Interrupted, RunError, StoppedAtOnce
+from gan.training.builder import slurm_without_requeue, train
 
 # Adam moves every weight of D by about lr in its first step: D's next outputs, and its loss, overflow.
 DIVERGING = ["optim.d.lr=1e10", "checkpoint.every=1"]
 NONFINITE = re.compile(r"error: generator step (\d+), (D|G) update: the loss is not finite \(forward\); the update was "
                        r"skipped and no checkpoint written after it: resume from the last checkpoint with lower "
-                       r"learning rates \(optim\.d\.lr, optim\.g\.lr\) or a regularizer \(e\.g\. reg=r1\), or set "
-                       r"train\.skip_nonfinite=true to skip such updates")
+                       r"learning rates \(optim\.d\.lr, optim\.g\.lr\) or a regularizer \(e\.g\. reg=r1 "
+                       r"resume\.allow_changes=true\), or set train\.skip_nonfinite=true to skip such updates")
 
 
 def finite_weights(state: dict[str, torch.Tensor]) -> bool:
@@ -45,6 +47,32 @@ def test_a_nonfinite_loss_stops_the_run_within_its_step_and_keeps_the_last_good_
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert int(last["counters.g_updates"]) == step - 1 and finite_weights(last)
     assert not (run / "checkpoints" / f"step_{step:06d}.ckpt").exists()
+
+
+def test_a_diverged_run_resumes_from_its_last_checkpoint_with_the_lower_learning_rates_it_is_told(tmp_path, capsys):
+    """The message's advice, followed. (From scratch, DIVERGING's first D update already throws D's weights
+    1e10 off, so its only checkpoint, of step 1, cannot be rescued: here a healthy run diverges on resume.)"""
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    assert run_train(run, "trainer.max_steps=3") == 0
+    # D's learning rate raised on resume: the next D update throws D's weights off, and the loss overflows.
+    assert run_train(run, f"ckpt_path={last}", "optim.d.lr=1e10") == 1
+    error = NONFINITE.fullmatch(capsys.readouterr().err.strip().splitlines()[-1])
+    assert error and int(error[1]) > 4
+    assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"]) == 3  # the last good state
+
+    rates = LearningRates()
+    cfg = compose_config(*TINY, f"ckpt_path={last}", "optim.d.lr=1e-4", "optim.g.lr=5e-5", run_dir=run)
+    module = train(cfg, extra_callbacks=[rates])
+    assert module.counters.g == 6 and rates.seen == [[5e-5, 1e-4]] * 3  # every step of the resumed run
+    saved = torch.load(last, weights_only=True)
+    assert [g["lr"] for s in saved["optimizer_states"] for g in s["param_groups"]] == [5e-5, 1e-4]
+    assert finite_weights(saved["state_dict"]) and int(saved["state_dict"]["counters.g_updates"]) == 6
+    # One line per change, against the checkpoint's own config (the diverged resume wrote no checkpoint).
+    out = capsys.readouterr().out
+    for change in ("optim.g.lr=0.0002 there, 5e-05 here", "optim.d.lr=0.0002 there, 0.0001 here",
+                   "trainer.max_steps=3 there, 6 here"):
+        assert out.count(f"resume: {change}: applied") == 1, change
 
 
 class NonfiniteGradient(L.Callback):
@@ -86,26 +114,89 @@ def test_skipped_updates_are_counted_per_network_and_survive_resume(tmp_path):
     assert [e.step for e in logged] == [4, 5, 6] and logged[-1].value == counts["straight"][0]
 
 
-def test_ctrl_c_saves_the_step_it_lands_in_and_the_run_resumes_from_it(tmp_path):
+# What SLURM sets in a job step's environment (srun), as far as Lightning's SLURMEnvironment reads it.
+SLURM = {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242",
+         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}
+
+
+@pytest.mark.parametrize("signum,name,code,env", [
+    (signal.SIGINT, "Ctrl-C", 130, {}),
+    (signal.SIGTERM, "SIGTERM", 143, {}),  # what kill, systemd, Kubernetes and SLURM's time limit send
+    (signal.SIGUSR1, "SIGUSR1", 138, SLURM),  # SLURM's warning before the time limit (sbatch --signal=USR1@90)
+])
+def test_a_signal_saves_the_step_it_lands_in_and_the_run_resumes_from_it(tmp_path, signum, name, code, env):
     run = tmp_path / "run"
     command = [sys.executable, "train.py", *TINY, f"hydra.run.dir={run}", "trainer.max_steps=100000",
                "checkpoint.every=4", "log.sample_every=1000"]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not (run / "checkpoints" / "step_000004.ckpt").exists():
-        assert proc.poll() is None and time.time() < deadline, "training did not reach step 4"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+    try:
+        deadline = time.time() + 120
+        while not (run / "checkpoints" / "step_000004.ckpt").exists():
+            assert proc.poll() is None and time.time() < deadline, "training did not reach step 4"
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a run that did not stop: not left behind
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code
     last = run / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=True)["state_dict"]
     step = int(saved["counters.g_updates"])
     assert step >= 4 and int(saved["counters.d_updates"]) == step  # a whole generator step: D's update and G's
-    assert err.strip().splitlines()[-1] == (f"stopped by Ctrl-C at generator step {step}, saved in {last}: resume "
+    assert err.strip().splitlines()[-1] == (f"stopped by {name} at generator step {step}, saved in {last}: resume "
                                             f"with the same overrides and ckpt_path={last}")
+    # Under SLURM, Lightning's auto-requeue would have saved <run>/hpc_ckpt_1.ckpt mid-step and trained on.
+    assert not list(run.glob("hpc_ckpt_*"))
     assert run_train(run, f"ckpt_path={last}", f"trainer.max_steps={step + 2}", "checkpoint.every=4") == 0
     assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"]) == step + 2
+
+
+class Signal(L.Callback):
+    """Sends this process ``signum`` as generator step 2 starts and again, ``twice``, before its G update."""
+
+    def __init__(self, signum: int, twice: bool):
+        self.signum, self.twice = signum, twice
+
+    def on_train_batch_start(self, trainer, pl_module, *args):
+        if pl_module.counters.g == 1:
+            os.kill(os.getpid(), self.signum)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.twice and pl_module.counters.g == 1 and optimizer is trainer.optimizers[0]:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_second_signal_stops_at_once_without_a_checkpoint_of_its_step(tmp_path, signum, code):
+    handler = signal.getsignal(signum)
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    with pytest.raises(StoppedAtOnce) as stopped:
+        train(compose_config(*TINY, "checkpoint.every=1", run_dir=run), extra_callbacks=[Signal(signum, twice=True)])
+    name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    assert stopped.value.code == code and stopped.value.message == (
+        f"stopped at once by a second {name}: resume from the last checkpoint with the same overrides and "
+        f"ckpt_path={last}")
+    assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"]) == 1  # step 2 never finished
+    assert signal.getsignal(signum) is handler
+    # Once: the step ends, is saved, and the run stops.
+    with pytest.raises(Interrupted, match=f"^stopped by {name} at generator step 2, saved in ") as stopped:
+        train(compose_config(*TINY, "checkpoint.every=4", run_dir=tmp_path / "once"),
+              extra_callbacks=[Signal(signum, twice=False)])
+    assert stopped.value.code == code
+
+
+def test_under_slurm_lightnings_auto_requeue_is_off(monkeypatch):
+    for key, value in SLURM.items():
+        monkeypatch.setenv(key, value)
+    [environment] = slurm_without_requeue()
+    assert isinstance(environment, SLURMEnvironment) and not environment.auto_requeue
+    for key in SLURM:
+        monkeypatch.delenv(key)
+    assert slurm_without_requeue() == []
 
 
 class FullDisk(io.FileIO):

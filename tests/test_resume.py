@@ -10,10 +10,13 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_main, run_train
+from conftest import ROOT, TINY, LearningRates, compose_config, run_main, run_train
+from omegaconf import OmegaConf
 
+from gan.training.builder import train
 from gan.training.callbacks import GeneratorStepCheckpoint
 from gan.training.checkpoint import AtomicCheckpointIO
+from gan.training.resume import UNSET, changes
 
 # Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on.
 FULL = ["augment=ada", "augment.interval=1", "augment.speed_images=64", "reg=lecam", "log.sample_every=2"]
@@ -63,6 +66,13 @@ def test_linear_decay_reaches_zero_and_resumes_exactly(tmp_path):
     assert [g["lr"] for s in straight["optimizer_states"] for g in s["param_groups"]] == [0.0, 0.0]
     for key in ("state_dict", "optimizer_states", "lr_schedulers", "rng"):
         assert_identical(straight[key], resumed[key], key)
+    # Other learning rates on resume: the schedules go on along the new lines, from the restored step.
+    rates = LearningRates()
+    train(compose_config(*TINY, *decay, "optim.g.lr=4e-3", "optim.d.lr=1e-3",
+                         f"ckpt_path={tmp_path / 'straight' / 'checkpoints' / 'step_000003.ckpt'}",
+                         run_dir=tmp_path / "faster"), extra_callbacks=[rates])
+    assert [lr for step in rates.seen for lr in step] == pytest.approx(
+        [lr * (1 - s / 6) for s in (3, 4, 5) for lr in (4e-3, 1e-3)])
 
 
 def test_atomic_write_leaves_the_old_file_when_saving_fails(tmp_path):
@@ -95,6 +105,7 @@ def test_pruning_spares_other_files_and_the_checkpoints_of_a_run_resumed_from(tm
 WRITER = """
 import sys, torch
 from gan.training.checkpoint import AtomicCheckpointIO
+from gan.training.resume import UNSET, changes
 io, i = AtomicCheckpointIO(), 0
 while True:
     i += 1
@@ -151,3 +162,41 @@ def test_a_checkpoint_from_before_the_skip_counters_resumes_and_evaluates(ring_r
     assert int(resumed["counters.g_updates"]) == 8 and int(resumed["counters.skipped_d"]) == 0
     assert run_main("evaluate", f"run_dir={tmp_path / 'resumed'}", f"ckpt={tmp_path / 'old.ckpt'}",
                     "num_samples=100") == 0
+
+
+def test_a_resume_with_another_loss_is_refused_in_one_line_unless_asked_for(digits_run, tmp_path, capsys):
+    last = digits_run / "checkpoints" / "last.ckpt"
+    hydra_dir = {p.name: p.read_bytes() for p in (digits_run / ".hydra").iterdir()}
+    capsys.readouterr()
+    assert run_train(digits_run, f"ckpt_path={last}", "loss=hinge", "trainer.max_steps=8") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: ckpt_path={last} was trained with other networks, objective or data (loss.name=nonsaturating there, "
+        f"hinge here): resume with loss=nonsaturating to go on as trained (the run's overrides: "
+        f"{digits_run / '.hydra' / 'overrides.yaml'}), or add resume.allow_changes=true to go on with these on purpose"]
+    # Refused before Hydra wrote the run's .hydra/: the overrides the line points to are still the run's.
+    assert {p.name: p.read_bytes() for p in (digits_run / ".hydra").iterdir()} == hydra_dir
+
+    run = tmp_path / "hinge"
+    assert run_train(run, f"ckpt_path={last}", "loss=hinge", "trainer.max_steps=8", "resume.allow_changes=true") == 0
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["hyper_parameters"]["cfg"]["loss"]["name"] == "hinge"
+    assert int(saved["state_dict"]["counters.g_updates"]) == 8
+    log = (run / "train.log").read_text()
+    assert log.count("resume: loss.name=nonsaturating there, hinge here: the run goes on with it "
+                     "(resume.allow_changes=true)") == 1
+
+
+def test_what_a_resume_may_change():
+    saved = compose_config(*TINY)
+    now = compose_config(*TINY, "loss=wgan_gp", "optim.d.lr=1e-3", "optim.g.fused=false", "eval.every=5",
+                         "data.num_workers=2", "trainer.precision=bf16-mixed", "ckpt_path=x.ckpt",
+                         "resume.allow_changes=true")
+    found = {c.key: (c.before, c.after, c.kind) for c in changes(*(OmegaConf.to_container(c, resolve=True)
+                                                                  for c in (saved, now)))}
+    assert found == {
+        "loss.name": ("nonsaturating", "wgan_gp", "refused"), "loss.d_steps": (1, 5, "refused"),
+        "loss.gp_weight": (0.0, 10.0, "refused"),  # an old run's value of a key added since (gan/training/legacy.py)
+        "loss.batchnorm_in_d": (UNSET, False, "refused"), "model.d_batchnorm": (True, False, "refused"),
+        "train.d_steps": (1, 5, "refused"), "optim.g.fused": (True, False, "refused"),
+        "optim.d.lr": (2e-4, 1e-3, "applied"), "eval.every": (0, 5, "applied"),
+        "data.num_workers": (0, 2, "free"), "trainer.precision": ("32-true", "bf16-mixed", "free")}

@@ -4,15 +4,21 @@ Each check raises :class:`AuditError` naming the module and parameter (or buffer
 at the first violation:
 
 * a D update leaves every G gradient untouched (None stays None) and gives every D parameter a
-  gradient (that losses and gradients are finite is checked on every run: GANModule.on_before_optimizer_step);
+  gradient (that losses and gradients are finite is checked on every run: gan/training/guard.py);
 * before each backward, the network it updates holds no gradient (none accumulates across steps);
-* a G update gives D's parameters no gradient and changes none of D's weights or buffers, except the
-  running statistics a train-mode forward updates (see :func:`expected_to_change`);
+* a G update gives every G parameter a gradient, gives D's parameters none, and changes none of D's
+  weights or buffers, except the running statistics a train-mode forward updates (see
+  :func:`expected_to_change`);
+* each update's optimizer holds exactly the parameters of the network it updates, steps once per
+  update, and moves that network's weights (an update the non-finite guard skipped moves nothing, and is
+  let be);
+* G and D run every training forward in train mode (every submodule): eval mode is for sampling;
 * sampling leaves every generator parameter and buffer bit-identical, restores train/eval mode and
   ``requires_grad`` flags, and returns tensors without a graph;
 * values sent to loggers are plain Python numbers.
 
-The gradient checks hang on Lightning's hooks (``on_before_backward``, ``on_before_optimizer_step``),
+The gradient checks hang on Lightning's hooks (``on_before_backward``, ``on_before_optimizer_step``), the
+optimizer checks on torch's global optimizer step hooks, the mode check on G's and D's forward pre-hooks,
 so the training step itself carries no audit code.
 """
 
@@ -26,7 +32,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 
 class AuditError(AssertionError):
@@ -77,21 +83,89 @@ class AutogradAudit(L.Callback):
     (``pl_module.timer``: gan/core/phases.py), not guessed."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        # D's state is recorded right after the last D update of each step, before the G update runs
-        # D forward: no Lightning hook sits there, the optimizers' step hook does.
-        self.hook = register_optimizer_step_post_hook(lambda *args: self.after_step(pl_module))
+        # The optimizers' global step hooks fire for every optimizer (a feature classifier's too): only G's
+        # and D's are checked. D's state is recorded right after the last D update of each step, before
+        # the G update runs D forward: no Lightning hook sits there, the optimizers' step hook does.
+        self.updates = {id(trainer.optimizers[0]): "G", id(trainer.optimizers[1]): "D"}
+        self.steps = {"G": 0, "D": 0}
+        self.hooks = [
+            register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.before_step(pl_module, opt)),
+            register_optimizer_step_post_hook(lambda opt, args, kwargs: self.after_step(pl_module, opt, kwargs)),
+            *(getattr(pl_module, n).register_forward_pre_hook(self.in_train_mode(pl_module, n)) for n in "GD"),
+        ]
 
     def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        self.hook.remove()
+        self.remove_hooks()
 
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
-        if hasattr(self, "hook"):  # training may fail before it starts (e.g. reading the data)
-            self.hook.remove()
+        self.remove_hooks()  # training may fail before it starts (e.g. reading the data): none yet
 
-    def after_step(self, pl_module: Any) -> None:
+    def remove_hooks(self) -> None:
+        for hook in getattr(self, "hooks", []):
+            hook.remove()
+        self.hooks = []
+
+    def in_train_mode(self, pl_module: Any, name: str) -> Callable[..., None]:
+        """A forward pre-hook for ``name`` (G or D): in a phase of the step, every submodule is in train mode."""
+
+        def check(module: nn.Module, args: Any) -> None:
+            phase = pl_module.timer.current
+            if phase not in ("g_forward", "d_forward_backward"):
+                return  # sampling and metrics, outside the step: eval mode there
+            for sub, m in module.named_modules():
+                if not m.training:
+                    raise AuditError(f"{name}.{sub or '<root>'} ran a training forward in eval mode (phase {phase}): "
+                                     "training runs G and D in train mode; only sampling uses eval mode "
+                                     "(gan.core.contexts.evaluating)")
+
+        return check
+
+    def network_of(self, pl_module: Any, optimizer: Any) -> str | None:
+        """"G" or "D" for G's or D's optimizer, None for any other; an optimizer stepped in the other
+        network's update is an error."""
+        network = self.updates.get(id(optimizer))
+        if network is not None and network != pl_module.timer.network:
+            raise AuditError(f"{network}'s optimizer stepped in the {pl_module.timer.network} update")
+        return network
+
+    def before_step(self, pl_module: Any, optimizer: Any) -> None:
+        network = self.network_of(pl_module, optimizer)
+        if network is None:
+            return
+        module = getattr(pl_module, network)
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        names = {id(p): f"{network}.{n}" for n, p in module.named_parameters()}
+        others = {id(p): f"{n}.{q}" for n in "GD" if n != network for q, p in getattr(pl_module, n).named_parameters()}
+        for key in held - names.keys():
+            raise AuditError(f"{network}'s optimizer holds {others.get(key, 'a parameter')}, which is not {network}'s")
+        for n, p in module.named_parameters():
+            if p.requires_grad and id(p) not in held:
+                raise AuditError(f"{network}'s optimizer does not hold {network}.{n}: the {network} update cannot "
+                                 "move it")
+        self.weights = snapshot(dict(module.named_parameters()))
+        gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        # All zero (a D so sure of itself that the G loss saturates): an update with nothing to apply.
+        self.has_gradient = bool(gradients) and bool(torch.stack(torch._foreach_norm(gradients)).any())
+
+    def after_step(self, pl_module: Any, optimizer: Any, kwargs: dict[str, Any]) -> None:
+        network = self.network_of(pl_module, optimizer)
+        if network is None:
+            return
+        self.steps[network] += 1
+        module = getattr(pl_module, network)
+        found_inf = kwargs.get("found_inf", getattr(optimizer, "found_inf", None))  # the guard's (or GradScaler's)
+        skipped = found_inf is not None and bool(found_inf.item())
+        moved = first_difference(self.weights, dict(module.named_parameters())) is not None
+        if self.has_gradient and not skipped and not moved:
+            lrs = sorted({group["lr"] for group in optimizer.param_groups})
+            raise AuditError(f"the {network} update moved none of {network}'s weights (learning rate {lrs}): "
+                             f"its optimizer must step {network}'s parameters with their gradients")
         timer = pl_module.timer
-        if timer.network == "D" and timer.d_update == pl_module.d_steps - 1:
+        if network == "D" and timer.d_update == pl_module.d_steps - 1:
             self.d_state = snapshot({**dict(pl_module.D.named_parameters()), **dict(pl_module.D.named_buffers())})
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        self.steps = {"G": 0, "D": 0}
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
         phase = pl_module.timer.network
@@ -120,9 +194,19 @@ class AutogradAudit(L.Callback):
         changed = first_difference(self.d_grads, grads(pl_module.D))
         if changed:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
+        for name, p in pl_module.G.named_parameters():
+            if p.requires_grad and p.grad is None:
+                raise AuditError(f"G update left G.{name} with no gradient: the G loss must reach every weight of G "
+                                 "through the undetached fake")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        expected = {"D": pl_module.d_steps, "G": 1}
+        for network, count in expected.items():
+            # float16's GradScaler does not call an optimizer that takes no found_inf when it skips its step.
+            if self.steps[network] != count and pl_module.grad_scaler() is None:
+                raise AuditError(f"{network}'s optimizer stepped {self.steps[network]} times in a generator step, "
+                                 f"not {count}: the step must call its step() once per {network} update")
         D = pl_module.D
         allowed = expected_to_change(D)
         kept = {name: t for name, t in self.d_state.items() if name not in allowed}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,6 +37,7 @@ from gan.training.checkpoint import AtomicCheckpointIO
 from gan.training.checks import check_resumable, check_run_dir, check_writable, validate
 from gan.training.guard import NonFiniteGuard
 from gan.training.module import GANModule
+from gan.training.resume import ApplyOnResume, log_changes
 from gan.training.rng import RNGState
 from gan.training.timing import StepTimer
 
@@ -127,8 +130,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     if cfg.model.conditional and classes == 0:
         raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
     module = build_module(container, data_shape(container["data"]), classes)
-    if cfg.ckpt_path is not None:
-        check_resumable(module, cfg.ckpt_path)
+    resuming = cfg.ckpt_path is not None
+    if resuming:
+        log_changes(check_resumable(module, cfg))
 
     points = is_points(module.data_shape)
     guard = NonFiniteGuard(cfg.train.skip_nonfinite)
@@ -137,6 +141,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
                                           before_save=lambda: guard.read(module))  # no checkpoint after a bad update
     callbacks: list[L.Callback] = [
         *extra_callbacks,
+        *([ApplyOnResume(container["optim"])] if resuming else []),  # this config's rates, not the checkpoint's
         RNGState(),
         guard,
         checkpoints,
@@ -165,7 +170,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         log_every_n_steps=1,  # the module decides when to log (log.every generator steps)
         use_distributed_sampler=False,  # StepBatchSampler shards the data per rank itself
         num_sanity_val_steps=0,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(), *slurm_without_requeue()],
         **trainer_args,
     )
     with warnings.catch_warnings():
@@ -175,22 +180,33 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
     if trainer.is_global_zero:
-        log_summary(trainer, module, run_dir, checkpoints.interrupted)
-    if checkpoints.interrupted:
+        log_summary(trainer, module, run_dir, checkpoints.stopped_by)
+    if checkpoints.stopped_by:
         last = run_dir / "checkpoints" / "last.ckpt"
-        raise Interrupted(f"stopped by Ctrl-C at generator step {module.counters.g}, saved in {last}: resume with "
-                          f"the same overrides and ckpt_path={last}")
+        raise Interrupted(f"stopped by {checkpoints.stopped_by} at generator step {module.counters.g}, saved in "
+                          f"{last}: resume with the same overrides and {shlex.quote(f'ckpt_path={last}')}",
+                          checkpoints.exit_code)
     return module
 
 
-def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path, interrupted: bool = False) -> None:
+def slurm_without_requeue() -> list[SLURMEnvironment]:
+    """Under SLURM, Lightning's SLURMEnvironment with its auto-requeue off: on SIGUSR1 it would save
+    ``<run>/hpc_ckpt_N.ckpt`` wherever the signal lands (between D's update and G's: no exact resume), run
+    ``scontrol requeue`` and train on, and a requeued job would resume from that file with none of the
+    resume's checks. SIGUSR1 stops the run at the end of its step instead, with ``last.ckpt``, as
+    SIGTERM does (GeneratorStepCheckpoint); requeueing is the job script's (docs/usage.md)."""
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path, stopped_by: str | None = None) -> None:
     """What the run did and where to look next: on the console and in the run's log file (train.log)."""
     step, every = module.counters.g, module.cfg["log"]["every"]
     losses = [f"{name} {value:.4g}" for name, value in module.last_losses.items()]
     # The module logs losses every log.every generator steps: the last values are from the last such step.
     final = (f"final losses {', '.join(losses)} (generator step {step - step % every})" if losses
              else f"no losses logged (log.every={every})")
-    log.info(f"Run {'stopped by Ctrl-C after' if interrupted else 'finished:'} {step} generator steps in {run_dir}; "
-             f"{final}")
-    log.info(f"  curves and samples: tensorboard --logdir {run_dir / 'tensorboard'}")
-    log.info(f"  metrics:            python evaluate.py run_dir={run_dir}")
+    how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
+    log.info(f"Run {how} {step} generator steps in {run_dir}; {final}")
+    # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
+    log.info(f"  curves and samples: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
+    log.info(f"  metrics:            python evaluate.py {shlex.quote(f'run_dir={run_dir}')}")

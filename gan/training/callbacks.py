@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import signal
 import threading
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from torch import Tensor
 
 from gan.core.graphs import ForwardRecorder, dot_path, picture
-from gan.errors import ConfigError
+from gan.errors import ConfigError, StoppedAtOnce
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
@@ -39,25 +40,46 @@ log = logging.getLogger(__name__)
 PERIODIC = re.compile(r"step_(\d+)\.ckpt")
 
 
+# The signals that stop a run at the end of its generator step, with a checkpoint, and their names in messages.
+# SIGUSR1 is what a SLURM job is sent before its time limit (sbatch --signal=USR1@90; docs/usage.md).
+STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
+
+
 class GeneratorStepCheckpoint(L.Callback):
     """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, of which the newest ``keep`` stay
-    (0: all); ``last.ckpt`` then, at the end, and when Ctrl-C stops the run.
+    (0: all); ``last.ckpt`` then, at the end, and when a signal stops the run.
 
     Written here rather than with Lightning's ModelCheckpoint, which counts Lightning's global step
     (every optimizer step, G and D alike) and, once a periodic checkpoint exists, does not write
     ``last.ckpt`` at the end of training.
 
-    Ctrl-C (SIGINT) stops the run at the end of the generator step it lands in, and saves that step:
-    ``interrupted`` says so afterwards. Lightning's own handling raises KeyboardInterrupt wherever the
-    signal lands -- between D's update and G's, or inside an optimizer's step -- and saves nothing: a
-    checkpoint taken there would not resume exactly. A second Ctrl-C stops at once, in Lightning's way.
+    Ctrl-C (SIGINT), SIGTERM and SIGUSR1 (:data:`STOPPING`) stop the run at the end of the generator step
+    they land in, and save that step: ``stop_signal`` says which afterwards. Lightning's own handling
+    raises KeyboardInterrupt wherever Ctrl-C lands -- between D's update and G's, or inside an optimizer's
+    step -- and saves nothing (a checkpoint taken there would not resume exactly); on SIGTERM it stops
+    without a checkpoint, and exits with code 0. A second signal stops at once, without a checkpoint
+    (:class:`gan.errors.StoppedAtOnce`), and ends any process Lightning started for other ranks.
     """
 
     def __init__(self, directory: Path, every: int, keep: int, before_save: Callable[[], None] = lambda: None):
         self.directory, self.every, self.keep, self.before_save = Path(directory), every, keep, before_save
         self.saved_step = -1
         self.stop_requested = self.interrupted = False
-        self.previous_handler: Any = None
+        self.stop_signal: int | None = None  # the first stopping signal received
+        self.previous_handlers: dict[int, Any] = {}
+        self.trainer: L.Trainer | None = None
+
+    @property
+    def stopped_by(self) -> str | None:
+        """What stopped the run at the end of a step: a signal's name (:data:`STOPPING`), or None."""
+        if not self.interrupted:
+            return None
+        return STOPPING[signal.Signals(self.stop_signal)] if self.stop_signal else "another rank's signal"
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the stopping signal's number (a rank stopped by another's: SIGTERM's)."""
+        return 128 + (self.stop_signal or signal.SIGTERM)
 
     def save(self, trainer: L.Trainer, step: int, periodic: bool) -> None:
         self.before_save()  # e.g. the non-finite guard's verdict: it raises rather than let a bad state be saved
@@ -82,19 +104,34 @@ class GeneratorStepCheckpoint(L.Callback):
             periodic[old].unlink(missing_ok=True)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: GANModule) -> None:
+        self.trainer = trainer
         if threading.current_thread() is threading.main_thread():  # the only thread signal handlers run in
-            self.previous_handler = signal.signal(signal.SIGINT, self.request_stop)
+            # Replaces Lightning's SIGTERM handler (registered just before training starts) until the end.
+            self.previous_handlers = {signum: signal.signal(signum, self.request_stop) for signum in STOPPING}
 
     def request_stop(self, signum: int, frame: Any) -> None:
-        self.stop_requested = True
-        self.restore_handler()  # the next Ctrl-C raises KeyboardInterrupt
-        log.warning("Ctrl-C: the run stops at the end of this generator step, with a checkpoint "
-                    "(Ctrl-C again stops it at once, without)")
+        name = STOPPING[signal.Signals(signum)]
+        if self.stop_requested:
+            self.stop_at_once(name, signum)
+        self.stop_requested, self.stop_signal = True, signum
+        log.warning(f"{name}: the run stops at the end of this generator step, with a checkpoint "
+                    f"({name} again stops it at once, without)")
 
-    def restore_handler(self) -> None:
-        if self.previous_handler is not None:
-            signal.signal(signal.SIGINT, self.previous_handler)
-            self.previous_handler = None
+    def stop_at_once(self, name: str, signum: int) -> None:
+        self.restore_handlers()
+        launcher = self.trainer.strategy.launcher if self.trainer is not None else None
+        if launcher is not None and hasattr(launcher, "kill"):  # trainer=ddp on one node: the ranks it started
+            launcher.kill(signal.SIGKILL)
+        last = self.directory / "last.ckpt"
+        resume = (f"resume from the last checkpoint with the same overrides and {shlex.quote(f'ckpt_path={last}')}"
+                  if last.is_file() else "no checkpoint had been written")
+        raise StoppedAtOnce(f"stopped at once by a second {name}: {resume}", 128 + signum)
+
+    def restore_handlers(self) -> None:
+        for signum, handler in self.previous_handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        self.previous_handlers = {}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
         step = pl_module.counters.g
@@ -106,13 +143,13 @@ class GeneratorStepCheckpoint(L.Callback):
             self.interrupted = trainer.should_stop = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: GANModule) -> None:
-        self.restore_handler()
+        self.restore_handlers()
         step = pl_module.counters.g
         if step != self.saved_step:
             self.save(trainer, step, periodic=False)
 
     def on_exception(self, trainer: L.Trainer, pl_module: GANModule, exception: BaseException) -> None:
-        self.restore_handler()
+        self.restore_handlers()
 
 
 class SampleLogger(L.Callback):

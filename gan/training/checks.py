@@ -4,6 +4,7 @@ failure is a ConfigError that names the value and the fix."""
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from gan.errors import ConfigError
 from gan.training import strategy
 from gan.training.checkpoint import mismatched, read_checkpoint
 from gan.training.module import GANModule
+from gan.training.resume import Change, changes, check_changes
 from gan.training.schema import TrainConfig, conform
 
 
@@ -26,8 +28,9 @@ def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
     if existing.is_dir() and any(existing.iterdir()):
         resuming_here = ckpt_path is not None and Path(ckpt_path).resolve().parent == existing.resolve()
         if not resuming_here:
+            resume = shlex.quote(f"ckpt_path={existing / 'last.ckpt'}")
             raise ConfigError(f"{run_dir} already holds a run's checkpoints: choose a new hydra.run.dir, "
-                              f"or resume it with ckpt_path={existing / 'last.ckpt'}")
+                              f"or resume it with {resume}")
 
 
 def check_writable(run_dir: Path) -> None:
@@ -38,9 +41,15 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"hydra.run.dir={run_dir} cannot be written: {existing} {why}; choose another hydra.run.dir")
 
 
-# Lower bounds that types cannot say: key -> (least value, what the key is).
+# Lower bounds that types cannot say: key -> (least value, what the key is). A key that only some options of
+# its group have (model.width: dcgan's) is checked where the chosen option has it.
 AT_LEAST = {
     "trainer.max_steps": (1, "the number of generator steps"),
+    "trainer.devices": (1, "devices per node; -1: all of them; or auto, or a list of device indices"),
+    "trainer.num_nodes": (1, "machines the run spans"),
+    "model.width": (1, "model=dcgan's channels at its widest resolution"),
+    "model.hidden": (1, "model=mlp's units per hidden layer"),
+    "model.layers": (0, "model=mlp's hidden layers"),
     "train.batch_size": (1, "real images per D update, set by data.batch_size"),
     "train.d_steps": (1, "D updates per generator step, set by loss.d_steps"),
     "train.z_dim": (1, "the size of G's noise vector"),
@@ -51,6 +60,9 @@ AT_LEAST = {
     "checkpoint.keep": (0, "periodic checkpoints kept besides last.ckpt; 0 keeps them all"),
 }
 
+# Values below a key's bound that mean something: Lightning's trainer.devices=-1 is every device there is.
+MEANS = {"trainer.devices": (-1,)}
+
 
 def validate(cfg: DictConfig) -> DictConfig:
     """``cfg`` with its values converted to their types (gan/training/schema.py); a ConfigError names the first
@@ -60,7 +72,8 @@ def validate(cfg: DictConfig) -> DictConfig:
     if missing:
         raise ConfigError(f"{missing[0]} has no value: give one, e.g. python train.py {missing[0]}=<value>")
     for key, (least, meaning) in AT_LEAST.items():
-        if (value := OmegaConf.select(cfg, key)) < least:
+        value = OmegaConf.select(cfg, key)  # None where the chosen option has no such key
+        if isinstance(value, int) and not isinstance(value, bool) and value < least and value not in MEANS.get(key, ()):
             raise ConfigError(f"{key}={value}: it must be >= {least} ({meaning})")
     for network in ("g", "d"):
         lr = cfg.optim[network].lr
@@ -100,17 +113,33 @@ class CheckBeforeWriting(Callback):
             cfg = validate(OmegaConf.create(task))
             check_run_dir(run_dir, cfg.ckpt_path)
             check_writable(run_dir)
+            if cfg.ckpt_path is not None:  # a refused resume into its own run leaves that run's .hydra/ as it was
+                check_changes(config_changes(read_checkpoint(cfg.ckpt_path, "ckpt_path"),
+                                             OmegaConf.to_container(cfg, resolve=True)), cfg)
 
 
-def check_resumable(module: GANModule, ckpt_path: str) -> None:
-    """Refuse a checkpoint that cannot resume ``module``: no checkpoint, an unsafe one, or one of other networks.
+def check_resumable(module: GANModule, cfg: DictConfig) -> list[Change]:
+    """Refuse a checkpoint (``cfg.ckpt_path``) that cannot resume ``module``, built from ``cfg``: no checkpoint,
+    an unsafe one, one of other networks, or one trained with another objective or data (unless
+    resume.allow_changes). Returns what the resume changes (gan/training/resume.py).
 
     The file is read here once more than Lightning reads it (weights_only, on the CPU): Lightning's
     own errors for such files are tracebacks, and for other networks a list of every tensor.
     """
-    problems = mismatched(module.state_dict(), read_checkpoint(ckpt_path, "ckpt_path")["state_dict"])
+    ckpt_path = cfg.ckpt_path
+    checkpoint = read_checkpoint(ckpt_path, "ckpt_path")
+    problems = mismatched(module.state_dict(), checkpoint["state_dict"])
     if problems:
         overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
         raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
                           "resume with the overrides its run was trained with"
                           + (f" ({overrides})" if overrides.is_file() else ""))
+    found = config_changes(checkpoint, module.cfg)
+    check_changes(found, cfg)
+    return found
+
+
+def config_changes(checkpoint: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
+    """What ``composed`` changes of the config saved in ``checkpoint`` (none for a checkpoint without one)."""
+    saved = checkpoint["hyper_parameters"].get("cfg")
+    return changes(saved, composed) if isinstance(saved, dict) else []

@@ -33,7 +33,7 @@ from gan.errors import RunError
 log = logging.getLogger(__name__)
 
 ADVICE = ("resume from the last checkpoint with lower learning rates (optim.d.lr, optim.g.lr) or a regularizer "
-          "(e.g. reg=r1), or set train.skip_nonfinite=true to skip such updates")
+          "(e.g. reg=r1 resume.allow_changes=true), or set train.skip_nonfinite=true to skip such updates")
 
 
 def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:

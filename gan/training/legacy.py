@@ -43,9 +43,16 @@ def upgrade(checkpoint: dict[str, Any]) -> None:
         state.pop(key, None)
     cfg = checkpoint.get("hyper_parameters", {}).get("cfg")
     if isinstance(cfg, dict):
-        for dotted, value in CONFIG_DEFAULTS.items():
-            *sections, key = dotted.split(".")
-            node = cfg
-            for section in sections:
-                node = node.setdefault(section, {})
-            node.setdefault(key, value)
+        upgrade_config(cfg)
+
+
+def upgrade_config(cfg: dict[str, Any]) -> None:
+    """A saved config (a plain dict) with the keys added since, at the values older runs trained with, in
+    place. Also applied to a composed config before it is compared with a checkpoint's
+    (gan/training/resume.py): a key one side lacks and the other holds at its old value is no change."""
+    for dotted, value in CONFIG_DEFAULTS.items():
+        *sections, key = dotted.split(".")
+        node = cfg
+        for section in sections:
+            node = node.setdefault(section, {})
+        node.setdefault(key, value)

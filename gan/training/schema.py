@@ -158,6 +158,11 @@ Eval = measuring("Eval", ("every", int))
 
 
 @dataclass
+class Resume:
+    allow_changes: bool = MISSING
+
+
+@dataclass
 class Paths:
     run_dir: str = MISSING
 
@@ -169,6 +174,7 @@ class TrainConfig:
     seed: int = MISSING
     ckpt_path: str | None = MISSING
     audit: bool = MISSING
+    resume: Resume = field(default_factory=Resume)
     data: Data = field(default_factory=Data)
     model: Model = field(default_factory=Model)
     loss: Loss = field(default_factory=Loss)

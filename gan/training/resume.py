@@ -1,0 +1,205 @@
+"""What a resume (``ckpt_path=...``) may change: the config saved in the checkpoint
+(``hyper_parameters["cfg"]``) against the one composed now, key by key.
+
+* **Applied**: the learning rates and betas of ``optim.g`` and ``optim.d`` are set on the optimizers and
+  their schedules after Lightning has restored them from the checkpoint (which would otherwise bring back
+  the old ones); ``trainer.max_steps``, ``log.*``, ``checkpoint.*``, ``eval.*``, ``train.skip_nonfinite``,
+  ``audit`` and ``timing.*`` are read from the config as it is now. One log line each.
+* **Refused**: what defines the networks, the objective or the data -- ``model.*``, ``loss.*``,
+  ``reg.*``, ``augment.*``, ``data.*`` (but :data:`HOW_DATA_IS_READ`), ``train.batch_size``,
+  ``train.z_dim``, ``train.d_steps``, ``seed``, ``ema.*`` and the rest of ``optim.*`` (the optimizer's
+  class and options, the decay): a run so resumed would no longer be the run its checkpoint continues.
+  One ConfigError line lists them and the overrides that resume as trained;
+  ``resume.allow_changes=true`` goes on with them, one warning line each.
+* Everything else -- how the run is executed (``trainer.*`` devices, precision, strategy, progress bar,
+  profiler; ``train.channels_last``, ``train.compile``) and how the data is read -- takes effect as
+  given, one log line each.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+from torch.optim.lr_scheduler import LambdaLR
+
+from gan.errors import ConfigError
+from gan.training.legacy import upgrade_config
+
+log = logging.getLogger(__name__)
+
+# Keys that never describe the run: where it is and where it resumes from.
+IGNORED = ("ckpt_path", "paths", "resume")
+# Applied on resume (dotted prefixes: a key is covered by itself and by every key under it).
+APPLIED = ("optim.g.lr", "optim.g.betas", "optim.d.lr", "optim.d.betas", "trainer.max_steps", "log", "checkpoint",
+           "eval", "train.skip_nonfinite", "audit", "timing")
+# How the data is read, not what it is: free to change.
+HOW_DATA_IS_READ = ("data.num_workers", "data.preload", "data.root", "data.download", "data.channels_last")
+# What the networks, the objective and the data are.
+REFUSED = ("model", "loss", "reg", "augment", "data", "train.batch_size", "train.z_dim", "train.d_steps", "seed",
+           "ema", "optim")
+# Option groups chosen by name (configs/<group>/<name>.yaml): a changed name is undone by choosing the old option.
+GROUPS = ("data", "model", "loss", "reg", "augment")
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+UNSET = object()
+
+
+def covered(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+@dataclass(frozen=True)
+class Change:
+    """``key`` was ``before`` in the checkpoint's run and is ``after`` now (:data:`UNSET`: no such key)."""
+
+    key: str
+    before: Any
+    after: Any
+
+    @property
+    def kind(self) -> str:
+        """``applied``, ``refused`` or ``free`` (see the module's docstring)."""
+        if covered(self.key, APPLIED):
+            return "applied"
+        if covered(self.key, REFUSED) and not covered(self.key, HOW_DATA_IS_READ):
+            return "refused"
+        return "free"
+
+    def describe(self) -> str:
+        return f"{self.key}={shown(self.before)} there, {shown(self.after)} here"
+
+
+def shown(value: Any) -> str:
+    return "unset" if value is UNSET else override_value(value)
+
+
+def override_value(value: Any) -> str:
+    """``value`` as Hydra's override grammar writes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    return str(value)
+
+
+def flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys to values; lists are values."""
+    flat = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def changes(saved: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
+    """Every key whose value differs between the checkpoint's config ``saved`` and the ``composed`` one
+    (plain containers, interpolations resolved), in the composed config's order; keys that only one of
+    them has come last. Keys added to the configs since an older run (gan/training/legacy.py) count at
+    the value that run trained with."""
+    saved, composed = copy.deepcopy(saved), copy.deepcopy(composed)
+    for cfg in (saved, composed):
+        upgrade_config(cfg)
+    before, after = flatten(saved), flatten(composed)
+    keys = [*after, *(k for k in before if k not in after)]
+    return [Change(k, before.get(k, UNSET), after.get(k, UNSET)) for k in keys
+            if not covered(k, IGNORED) and not same(before.get(k, UNSET), after.get(k, UNSET))]
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values (a saved list and a composed list alike), where True is no 1."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def interpolated(cfg: DictConfig) -> set[str]:
+    """The dotted keys of ``cfg`` whose value is an interpolation (``train.d_steps: ${loss.d_steps}``)."""
+    return {key for key, value in flatten(OmegaConf.to_container(cfg, resolve=False)).items()
+            if isinstance(value, str) and "${" in value}
+
+
+def as_trained(refused: list[Change], follow: set[str]) -> list[str]:
+    """The overrides that undo ``refused``: the old option of a group whose name changed (which brings
+    that option's keys), and the old value of any other key but those in ``follow``, set by interpolation,
+    which follow what they name."""
+    groups = {c.key.split(".")[0] for c in refused if c.key.endswith(".name") and c.key.count(".") == 1
+              and c.key.split(".")[0] in GROUPS and isinstance(c.before, str)
+              and (CONFIGS / c.key.split(".")[0] / f"{c.before}.yaml").is_file()}
+    overrides = []
+    for c in refused:
+        group = c.key.split(".")[0]
+        if group in groups:
+            if c.key == f"{group}.name":
+                overrides.append(f"{group}={c.before}")
+        elif c.before is not UNSET and c.key not in follow:
+            overrides.append(f"{c.key}={override_value(c.before)}")
+    return [shlex.quote(o) for o in overrides]
+
+
+def check_changes(found: list[Change], cfg: DictConfig, listed: int = 4) -> None:
+    """Refuse the changes a resume (``cfg.ckpt_path``) may not make, unless ``cfg.resume.allow_changes``: one
+    line naming them and the overrides that undo them."""
+    refused = [c for c in found if c.kind == "refused"]
+    if not refused or cfg.resume.allow_changes:
+        return
+    ckpt_path = cfg.ckpt_path
+    more = f"; {len(refused) - listed} more" if len(refused) > listed else ""
+    listing = "; ".join(c.describe() for c in refused[:listed]) + more
+    undo = as_trained(refused, interpolated(cfg))
+    overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
+    trained = (f"resume with {' '.join(undo)} to go on as trained" if undo else "resume with the overrides it was "
+               "trained with") + (f" (the run's overrides: {overrides})" if overrides.is_file() else "")
+    raise ConfigError(f"ckpt_path={ckpt_path} was trained with other networks, objective or data ({listing}): "
+                      f"{trained}, or add resume.allow_changes=true to go on with these on purpose")
+
+
+def log_changes(found: list[Change]) -> None:
+    """One line per change a resume makes."""
+    for c in found:
+        if c.kind == "refused":
+            log.warning(f"resume: {c.describe()}: the run goes on with it (resume.allow_changes=true)")
+        elif c.kind == "applied":
+            log.info(f"resume: {c.describe()}: applied")
+        else:
+            log.info(f"resume: {c.describe()}: takes effect")
+
+
+class ApplyOnResume(L.Callback):
+    """Sets the learning rates and betas of ``optim`` (the composed config's ``optim`` section) on G's and
+    D's optimizers, and the schedules' base learning rates, once Lightning has restored both from the
+    checkpoint (``on_train_start`` runs after that). A schedule's current rate is its factor at the
+    restored step times the new base rate: optim.decay=linear goes on along the new line."""
+
+    def __init__(self, optim: dict[str, Any]):
+        self.settings = [optim["g"], optim["d"]]  # the order of GANModule.configure_optimizers
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        schedules = {id(c.scheduler.optimizer): c.scheduler for c in trainer.lr_scheduler_configs}
+        for optimizer, settings in zip(trainer.optimizers, self.settings):
+            schedule = schedules.get(id(optimizer))
+            if schedule is not None:
+                if not isinstance(schedule, LambdaLR):
+                    raise TypeError(f"cannot apply a learning rate to a {type(schedule).__name__}")
+                schedule.base_lrs = [float(settings["lr"])] * len(optimizer.param_groups)
+            for i, group in enumerate(optimizer.param_groups):
+                lr = float(settings["lr"])
+                if "initial_lr" in group:  # set by a schedule: the rate it started from
+                    group["initial_lr"] = lr
+                if schedule is not None:
+                    lr = schedule.base_lrs[i] * schedule.lr_lambdas[i](schedule.last_epoch)
+                group["lr"] = lr
+                if "betas" in group and "betas" in settings:
+                    group["betas"] = tuple(float(b) for b in settings["betas"])
+            if schedule is not None:
+                schedule._last_lr = [group["lr"] for group in optimizer.param_groups]
