@@ -41,6 +41,8 @@ APPLIED = ("optim.g.lr", "optim.g.betas", "optim.d.lr", "optim.d.betas", "traine
            "eval", "train.skip_nonfinite", "audit", "timing")
 # How the data is read, not what it is: free to change.
 HOW_DATA_IS_READ = ("data.num_workers", "data.preload", "data.root", "data.download", "data.channels_last")
+# How the same math is computed: free to change (older runs stepped Adam unfused).
+HOW_IT_IS_COMPUTED = ("optim.g.fused", "optim.d.fused", "train.threads", "train.compile")
 # What the networks, the objective and the data are.
 REFUSED = ("model", "loss", "reg", "augment", "data", "train.batch_size", "train.z_dim", "train.d_steps", "seed",
            "ema", "optim")
@@ -67,7 +69,7 @@ class Change:
         """``applied``, ``refused`` or ``free`` (see the module's docstring)."""
         if covered(self.key, APPLIED):
             return "applied"
-        if covered(self.key, REFUSED) and not covered(self.key, HOW_DATA_IS_READ):
+        if covered(self.key, REFUSED) and not covered(self.key, HOW_DATA_IS_READ + HOW_IT_IS_COMPUTED):
             return "refused"
         return "free"
 
