@@ -215,6 +215,7 @@ class MetricsLogger(L.Callback):
         logged = scalars(values)
         if pl_module.audit:
             audit.check_plain_numbers(logged)
+        pl_module.last_metrics = logged  # the numbers gan.train returns (gan/api.py)
         if trainer.logger is not None:
             for tag, value in logged.items():
                 trainer.logger.experiment.add_scalar(tag, value, step)

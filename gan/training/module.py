@@ -48,6 +48,7 @@ class GANModule(L.LightningModule):
         self.counters = StepCounters()
         self.before_logging: list[Callable[[], None]] = []  # e.g. the non-finite guard's read of its verdict
         self.last_losses: dict[str, float] = {}  # the last logged loss/d and loss/g
+        self.last_metrics: dict[str, float] = {}  # the last evaluation's metrics/* (eval.every), as logged
         self.timer = timer or PhaseTimer(enabled=False)  # the step's phase hook: which update runs, and its time
         # trainer=ddp: G's and D's own DistributedDataParallel wrappers (gan/training/strategy.py), which the
         # step runs (self.replica). A dict, so not submodules: the state_dict, optimizers, EMA and sampling
