@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf, open_dict
+from torch import nn
 
 from gan.training.compose import compose
 
@@ -31,10 +32,16 @@ class Run:
     dir: Path
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    def generator(self, device: str = "cpu") -> nn.Module:
+        """The run's generator, from ``<run>/generator.pt``, in eval mode: ``G(torch.randn(n, G.z_dim))``."""
+        from gan.core.snapshot import FILE, load_generator
+
+        return load_generator(self.dir / FILE, device)
+
 
 def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
     """``python train.py <overrides>`` from Python: trains, writes the run directory (``.hydra/config.yaml``,
-    ``train.log``, checkpoints, TensorBoard) and returns it with the last logged numbers.
+    ``train.log``, checkpoints, TensorBoard, ``generator.pt``) and returns it with the last logged numbers.
 
     ``run_dir`` takes the place of ``hydra.run.dir`` (default: ``outputs/<date>/<time>`` under the
     current directory, as train.py's).
@@ -59,7 +66,8 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
 
 def evaluate(run: Run | str | Path, *overrides: str) -> Run:
     """``python evaluate.py run_dir=<run> <overrides>`` from Python: scores the run's checkpoint, writes
-    ``<run>/eval/`` and returns the run with the metrics written to ``<run>/eval/metrics.json``."""
+    ``<run>/eval/`` (and what ``images=``, ``snapshot=true`` and ``export=`` ask for) and returns the run
+    with the metrics written to ``<run>/eval/metrics.json``."""
     from gan.evaluation.app import evaluate_run
 
     directory = run.dir if isinstance(run, Run) else Path(run)

@@ -46,6 +46,7 @@ def test_the_readme_notebook_cell_trains_and_evaluates(tmp_path, monkeypatch):
         assert run.metrics[tag] == pytest.approx(events.Scalars(tag)[-1].value)
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert metrics["modes_total"] == 8 and metrics["step"] == 6
+    assert run.generator()(torch.randn(3, 64)).shape == (3, 2)  # <run>/generator.pt
 
 
 def test_evaluate_returns_metrics_json_and_train_returns_the_last_evaluation(tmp_path):

@@ -3,12 +3,15 @@ interpolations, the TensorBoard dashboard layout and hyperparameter table, and a
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 from torchvision.utils import make_grid, save_image
 
@@ -170,5 +173,24 @@ def real_points_for_plot(dataset: Any, n: int = 2000) -> Tensor:
     return points[torch.randperm(len(points), generator=torch.Generator().manual_seed(0))[:n]]
 
 
+def save_pngs(images: np.ndarray, labels: np.ndarray | None, directory: Path) -> None:
+    """uint8 images (N, C, H, W) as ``directory/NNNNNN.png``, or ``directory/<label>/NNNNNN.png`` given each
+    image's class label: what FID tools read (one folder per class for per-class scores).
 
-
+    Written into a temporary directory beside ``directory`` and renamed onto it (which must be new or
+    empty): a killed run leaves no folder holding part of the images.
+    """
+    directory = Path(directory)
+    staging = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        for folder in {str(label) for label in labels} if labels is not None else {""}:
+            (staging / folder).mkdir(parents=True)
+        for i, image in enumerate(images):
+            pixels = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)  # (H, W) or (H, W, 3)
+            folder = staging / str(labels[i]) if labels is not None else staging
+            Image.fromarray(pixels).save(folder / f"{i:06d}.png")
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, directory)  # onto a missing or empty directory: one rename
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

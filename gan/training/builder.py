@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
+from gan.core import snapshot
 from gan.core.augment import build_augment
 from gan.core.losses import get_loss
 from gan.core.models import balanced_labels, build_models
@@ -30,7 +31,13 @@ from gan.errors import ConfigError, Interrupted
 from gan.evaluation.pictures import real_points_for_plot
 from gan.evaluation.settings import EvalSettings
 from gan.training.audit import AutogradAudit
-from gan.training.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
+from gan.training.callbacks import (
+    GeneratorSnapshot,
+    GeneratorStepCheckpoint,
+    GeneratorStepProgressBar,
+    MetricsLogger,
+    SampleLogger,
+)
 from gan.training.checkpoint import AtomicCheckpointIO
 from gan.training.checks import check_resumable, check_run_dir, check_writable, validate
 from gan.training.guard import NonFiniteGuard
@@ -138,6 +145,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         RNGState(),
         guard,
         checkpoints,
+        GeneratorSnapshot(run_dir / snapshot.FILE),
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
                      real_points_for_plot(datamodule.dataset) if points else None,
                      mixture_means(cfg.data.name) if points else None),
@@ -192,3 +200,4 @@ def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path, interrupte
              f"{final}")
     log.info(f"  curves and samples: tensorboard --logdir {run_dir / 'tensorboard'}")
     log.info(f"  metrics:            python evaluate.py run_dir={run_dir}")
+    log.info(f"  the generator:      {run_dir / snapshot.FILE} (gan.core.snapshot.load_generator)")

@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from torch import Tensor
 
 from gan.core.graphs import ForwardRecorder, dot_path, picture
+from gan.core.snapshot import save_snapshot
 from gan.errors import ConfigError
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
@@ -179,6 +180,18 @@ class SampleLogger(L.Callback):
                        trainer.logger.experiment if trainer.logger is not None else None, self.tag, step,
                        num_classes=pl_module.num_classes, real_points=self.real_points, means=self.means,
                        title=f"generator step {step}", per_class=len(samples), limit=len(samples))
+
+
+class GeneratorSnapshot(L.Callback):
+    """``<run>/generator.pt`` at the end of training (Ctrl-C included): the sampling generator's weights and
+    what rebuilds it, for use outside training (gan/core/snapshot.py's load_generator). Rank 0 writes it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: GANModule) -> None:
+        if trainer.is_global_zero:
+            save_snapshot(self.path, pl_module.snapshot())
 
 
 def own_rng(device: torch.device) -> AbstractContextManager[Any]:

@@ -23,6 +23,7 @@ from gan.core.contexts import evaluating
 from gan.core.distributed import broadcast_buffers
 from gan.core.objective import Objective
 from gan.core.phases import PhaseTimer
+from gan.core.snapshot import make_snapshot
 from gan.core.state import EMAGenerator, StepCounters
 from gan.training import audit, legacy
 
@@ -170,6 +171,14 @@ class GANModule(L.LightningModule):
                 return generator(z, labels)
 
         return audit.checked_sampling(generator, sample) if self.audit else sample()
+
+    def snapshot(self, **info: Any) -> dict[str, Any]:
+        """The sampling generator as ``generator.pt`` holds it (gan/core/snapshot.py): the EMA copy's weights
+        where there is one, else G's; ``info``: more plain values to keep with them."""
+        return make_snapshot(self.sampling_generator, model=self.cfg["model"], z_dim=self.z_dim,
+                             data_shape=tuple(self.hparams["data_shape"]), num_classes=self.num_classes,
+                             generator="G" if self.ema is None else "ema", step=self.counters.g,
+                             data=self.cfg["data"]["name"], **info)
 
     # --- optimizers and checkpoints --------------------------------------------------------------
 

@@ -187,7 +187,8 @@ class TrainConfig:
 # configs/evaluate.yaml: what to measure, at the top level, and which run.
 # classifier_steps may be null there: the run's own eval.classifier_steps (gan.evaluation.app).
 EvaluateConfig = measuring("EvaluateConfig", ("run_dir", str), ("ckpt", str | None), ("seed", int), ("ema", bool),
-                           ("device", str), ("classifier_steps", int | None))
+                           ("device", str), ("classifier_steps", int | None), ("images", str | None),
+                           ("snapshot", bool), ("export", Any))  # export: a kind, or a list of them
 
 
 def conform(cfg: DictConfig, schema: type) -> DictConfig:
