@@ -36,6 +36,7 @@ DASHBOARD_LAYOUT = {
         "FID": ["Multiline", ["metrics/fid"]],
         "KID": ["Multiline", ["metrics/kid"]],
         "precision and recall": ["Multiline", ["metrics/precision", "metrics/recall"]],
+        "density and coverage": ["Multiline", ["metrics/density", "metrics/coverage"]],
         "class accuracy (conditional runs)": ["Multiline", ["metrics/class_accuracy"]],
         "modes captured": ["Multiline", ["metrics/modes"]],
         "high quality and reverse KL": ["Multiline", ["metrics/high_quality", "metrics/reverse_kl"]],
@@ -82,7 +83,8 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
 
     config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths")}
     points = is_point_data(cfg["data"]["name"])
-    metrics = ("modes", "high_quality", "reverse_kl") if points else ("fid", "kid", "precision", "recall")
+    metrics = (("modes", "high_quality", "reverse_kl") if points else
+               ("fid", "kid", "precision", "recall", "density", "coverage"))
     columns = {tag: float("nan") for tag in ("loss/d", "loss/g", *(f"metrics/{m}" for m in metrics))}
     for summary in hparams(flatten(config), columns):
         writer.file_writer.add_summary(summary)
