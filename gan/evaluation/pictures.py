@@ -81,7 +81,7 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
     """
     from torch.utils.tensorboard.summary import hparams
 
-    config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths")}
+    config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths", "logger")}  # how, not what, it trains
     points = is_point_data(cfg["data"]["name"])
     metrics = (("modes", "high_quality", "reverse_kl") if points else
                ("fid", "kid", "precision", "recall", "density", "coverage"))

@@ -14,7 +14,6 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from gan.core import snapshot
@@ -41,6 +40,7 @@ from gan.training.callbacks import (
 from gan.training.checkpoint import AtomicCheckpointIO
 from gan.training.checks import check_resumable, check_run_dir, check_writable, validate
 from gan.training.guard import NonFiniteGuard
+from gan.training.loggers import build_loggers
 from gan.training.module import GANModule
 from gan.training.rng import RNGState
 from gan.training.timing import StepTimer
@@ -164,7 +164,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     trainer = L.Trainer(
         # Lightning counts every optimizer step; each generator step makes d_steps + 1 of them.
         max_steps=g_steps * (cfg.train.d_steps + 1),
-        logger=TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False),
+        logger=build_loggers(container.get("logger") or {}) or False,  # logger=tensorboard|csv|wandb|mlflow|many
         callbacks=callbacks,
         default_root_dir=str(run_dir),
         enable_checkpointing=False,  # GeneratorStepCheckpoint does it

@@ -16,6 +16,7 @@ from gan.data.datasets import is_point_data
 from gan.errors import ConfigError
 from gan.training import strategy
 from gan.training.checkpoint import mismatched, read_checkpoint
+from gan.training.loggers import check_loggers
 from gan.training.module import GANModule
 from gan.training.schema import TrainConfig, conform
 
@@ -80,6 +81,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
         raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
                           "CPUs): leave it false here")
+    check_loggers(cfg.get("logger") or {})
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")

@@ -182,6 +182,8 @@ class TrainConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     eval: Eval = field(default_factory=Eval)
     paths: Paths = field(default_factory=Paths)
+    # configs/logger/: name -> a Lightning logger's _target_ and arguments (gan/training/loggers.py)
+    logger: dict[str, Any] = field(default_factory=dict)
 
 
 # configs/evaluate.yaml: what to measure, at the top level, and which run.
