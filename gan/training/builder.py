@@ -5,6 +5,7 @@ built from plain arguments."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from gan.core.regularizers import R1, build_regularizer
 from gan.core.state import EMAGenerator
 from gan.data.datasets import data_shape, is_point_data, mixture_means, num_classes
 from gan.data.module import GANDataModule
-from gan.errors import ConfigError, Interrupted
+from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
 from gan.evaluation.settings import EvalSettings
 from gan.training.audit import AutogradAudit
@@ -116,6 +117,50 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
         hparams={"cfg": cfg, "data_shape": list(shape), "num_classes": classes})
 
 
+def train_task(cfg: DictConfig) -> float | None:
+    """train.py's task: :func:`train`, returning to Hydra the last logged value of ``cfg.metric`` (None when
+    unset), which a sweeper such as Optuna's optimises."""
+    if cfg.get("metric") is None and "optuna" in str(launched_by("sweeper").get("_target_", "")):
+        raise ConfigError("hydra/sweeper=optuna optimises the number train.py returns: set metric=<a logged scalar>, "
+                          "e.g. metric=metrics/fid eval.every=<trainer.max_steps>, or use a preset: search=ring")
+    module = train(cfg)
+    return None if cfg.get("metric") is None else returned_metric(module, cfg.metric)
+
+
+def returned_metric(module: GANModule, name: str) -> float:
+    """The last logged value of ``name`` (``loss/d``, ``loss/g`` or ``metrics/<name>``); a RunError if the run
+    never logged it."""
+    logged = {**module.last_losses, **module.last_metrics}
+    if name not in logged:
+        names = ", ".join(sorted(logged)) or "nothing"
+        raise RunError(f"metric={name} was not logged by this run (it logged {names}): choose one of those")
+    return logged[name]
+
+
+def launched_by(node: str) -> DictConfig:
+    """Hydra's ``hydra.<node>`` config (``launcher``, ``sweeper``) of the job running now; empty outside Hydra
+    (the Python API, tests that compose)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get()[node] if HydraConfig.initialized() else OmegaConf.create({})
+
+
+def torch_threads(threads: int | None) -> tuple[int | None, str]:
+    """The intra-op threads this run sets (None: torch's default), and why. ``train.threads`` when given; under
+    Hydra's joblib launcher, whose jobs run side by side in processes of their own, the cores this process
+    may use shared evenly among ``hydra.launcher.n_jobs`` of them (-1: one per core, -2 all but one, as
+    joblib counts), so that jobs x threads = cores."""
+    if threads is not None:
+        return threads, "train.threads"
+    launcher = launched_by("launcher")
+    if "joblib" not in str(launcher.get("_target_", "")):
+        return None, "torch's default"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    jobs = int(launcher.get("n_jobs", -1))
+    jobs = max(cores + 1 + jobs, 1) if jobs < 0 else jobs
+    return max(cores // jobs, 1), f"{cores} cores shared by hydra.launcher.n_jobs={jobs} jobs"
+
+
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module.
     ``extra_callbacks`` run before the project's own (e.g. a benchmark's clock)."""
@@ -124,6 +169,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     run_dir = Path(cfg.paths.run_dir)
     check_run_dir(run_dir, cfg.ckpt_path)
     check_writable(run_dir)
+    threads, why = torch_threads(cfg.train.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
+        log.info(f"torch threads: {threads} ({why})")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     container = OmegaConf.to_container(cfg, resolve=True)

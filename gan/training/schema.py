@@ -114,6 +114,7 @@ class Train:
     channels_last: bool = MISSING
     compile: bool = MISSING
     skip_nonfinite: bool = MISSING
+    threads: int | None = MISSING
 
 
 @dataclass
@@ -168,6 +169,7 @@ class TrainConfig:
     seed: int = MISSING
     ckpt_path: str | None = MISSING
     audit: bool = MISSING
+    metric: str | None = MISSING
     data: Data = field(default_factory=Data)
     model: Model = field(default_factory=Model)
     loss: Loss = field(default_factory=Loss)
