@@ -124,7 +124,9 @@ def train_task(cfg: DictConfig) -> float | None:
         raise ConfigError("hydra/sweeper=optuna optimises the number train.py returns: set metric=<a logged scalar>, "
                           "e.g. metric=metrics/fid eval.every=<trainer.max_steps>, or use a preset: search=ring")
     module = train(cfg)
-    return None if cfg.get("metric") is None else returned_metric(module, cfg.metric)
+    if cfg.get("metric") is None or module.global_rank != 0:  # DDP: rank 0 alone measures, and reports
+        return None
+    return returned_metric(module, cfg.metric)
 
 
 def returned_metric(module: GANModule, name: str) -> float:
