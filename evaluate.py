@@ -1,5 +1,6 @@
 """Score a trained run: `python evaluate.py run_dir=<run> [ckpt=<file>] [num_samples=<N>] [seed=<S>]
-[features=classifier|rotation|inception] [ema=true|false]`; writes <run>/eval/ and the run's TensorBoard."""
+[features=classifier|rotation|inception] [ema=true|false] [images=<dir>] [snapshot=true] [export=torch|onnx]`;
+writes <run>/eval/ and the run's TensorBoard (and the PNGs, <run>/generator.pt and exports asked for)."""
 
 from pathlib import Path
 

@@ -98,11 +98,11 @@ def entry_point(task: Callable[[DictConfig], Any], config_path: str, config_name
     state: dict[str, Any] = {"user_setting": None, "task_started": False}
 
     @hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)
-    def compose_and_run(cfg: DictConfig) -> None:
+    def compose_and_run(cfg: DictConfig) -> Any:
         state["task_started"] = True
         full_errors = state["user_setting"] == "1"
         with environment("HYDRA_FULL_ERROR", state["user_setting"]), nullcontext() if full_errors else reported():
-            task(cfg)
+            return task(cfg)  # a sweeper reads it (train.py: the value of metric=)
 
     def main() -> None:
         argv = sys.argv

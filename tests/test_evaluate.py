@@ -19,7 +19,7 @@ from PIL import Image
 from gan.evaluation.sampling import slerp
 from gan.evaluation.settings import EvalSettings
 
-IMAGE_KEYS = {"fid", "kid", "precision", "recall", "features"}
+IMAGE_KEYS = {"fid", "kid", "precision", "recall", "density", "coverage", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
 
 
@@ -82,7 +82,7 @@ def test_digits_run_evaluation_writes_files_tensorboard_and_repeats_exactly(digi
     metrics = json.loads((run / "eval" / "metrics.json").read_text())
     assert IMAGE_KEYS <= set(metrics) and metrics["features"] == "classifier"
     assert metrics["step"] == 6 and metrics["num_samples"] == 200
-    assert all(isinstance(metrics[k], float) for k in ("fid", "kid", "precision", "recall"))
+    assert all(isinstance(metrics[k], float) for k in ("fid", "kid", "precision", "recall", "density", "coverage"))
     samples = np.load(run / "eval" / "samples.npz")["samples"]
     assert samples.dtype == np.uint8 and samples.shape == (200, 1, 16, 16)
     assert (run / "eval" / "grid.png").stat().st_size > 500
@@ -162,13 +162,15 @@ def test_metrics_during_training_are_logged_and_do_not_change_training(digits_ru
     run = tmp_path / "digits_with_metrics"
     assert run_train(run, "eval.every=3", "eval.num_samples=64", f"eval.cache_dir={feature_cache}") == 0
     events = read_events(run / "tensorboard")
-    for tag in ("metrics/fid", "metrics/kid", "metrics/precision", "metrics/recall"):
+    for tag in ("metrics/fid", "metrics/kid", "metrics/precision", "metrics/recall", "metrics/density",
+                "metrics/coverage"):
         assert [e.step for e in events.Scalars(tag)] == [3, 6], tag
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     experiment = plugin_data_pb2.HParamsPluginData.FromString(
         events.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
-    assert {"metrics/fid", "metrics/precision"} <= {m.name.tag for m in experiment.metric_infos}
+    assert {"metrics/fid", "metrics/precision", "metrics/density", "metrics/coverage"} <= {
+        m.name.tag for m in experiment.metric_infos}
     # Measuring draws its own seeded noise in a forked RNG and samples in eval mode: the run trains
     # exactly as the one without metrics did.
     with_metrics = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]

@@ -6,6 +6,7 @@ layers below it; and no module of gan/ imports, directly or through others, a mo
     gan.evaluation  metrics, features, sampling, pictures (its app, evaluate.py's, sits on training)
     gan.training    the Lightning module, the builder, callbacks, checks
     gan.patterns    the demonstrations: imported by nothing else
+    gan.api         the Python API (from gan import train, evaluate): above them all, loaded by none
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ def in_layer(name: str, layer: str) -> bool:
 
 # layer -> what it may not load (frameworks by top-level name, project layers by prefix)
 FORBIDDEN = {
-    "gan.core": FRAMEWORKS + ("gan.data", "gan.evaluation", "gan.training", "gan.patterns", "gan.cli"),
-    "gan.data": ("gan.evaluation", "gan.training", "gan.patterns", "gan.cli"),
-    "gan.evaluation": ("gan.training", "gan.patterns", "gan.cli"),
-    "gan.training": ("gan.patterns", "gan.evaluation.app"),
+    "gan.core": FRAMEWORKS + ("gan.data", "gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),
+    "gan.data": ("gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),
+    "gan.evaluation": ("gan.training", "gan.patterns", "gan.cli", "gan.api"),
+    "gan.training": ("gan.patterns", "gan.evaluation.app", "gan.api"),
 }
 
 

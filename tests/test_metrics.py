@@ -22,6 +22,7 @@ from gan.evaluation.metrics import (
     build_metrics,
     class_balance,
     frechet_distance,
+    knn_density_coverage,
     knn_precision_recall,
     mixture_metrics,
     quantize,
@@ -85,7 +86,7 @@ def test_fid_is_zero_against_itself_and_grows_with_a_shift():
     metrics.add_real(features)
     same = metrics.score(features)
     assert same["fid"] == pytest.approx(0.0, abs=1e-3)
-    assert same["precision"] == same["recall"] == 1.0
+    assert same["precision"] == same["recall"] == same["coverage"] == 1.0 and same["density"] >= 1.0
     fids = [metrics.score(features + shift)["fid"] for shift in (0.1, 0.5, 1.0)]
     assert fids[0] < fids[1] < fids[2]
     # Same covariance, means apart by `shift` in each of 8 dimensions: FID = 8 shift^2.
@@ -112,6 +113,50 @@ def test_precision_and_recall_of_known_sets():
     half = real[real[:, 0] > 0]
     precision, recall = knn_precision_recall(real, half)
     assert precision == 1.0 and 0.4 < recall < 0.7
+
+
+def test_density_and_coverage_of_a_point_set_worked_by_hand():
+    """Reals 0, 1, 3, 7 on a line. k = 1: each real's ball reaches its nearest real neighbour -- radii
+    1, 1, 2, 4, balls [-1, 1], [0, 2], [1, 5], [3, 11]. Fakes 0.5, 4, 20: 0.5 lies in the first two
+    balls, 4 in the last two, 20 in none: density = (2 + 2 + 0) / (1 x 3) = 4/3; every ball holds a
+    fake: coverage 1. Without the fake at 4, the balls of 3 and 7 hold none: coverage 2/4, density
+    (2 + 0) / (1 x 2) = 1. k = 2: radii 3, 2, 3, 6 (second-nearest reals), balls [-3, 3], [-1, 3],
+    [0, 6], [1, 13]; 0.5 lies in the first three, 4 in the last two: density (3 + 2 + 0) / (2 x 3) = 5/6."""
+    real = torch.tensor([[0.0], [1.0], [3.0], [7.0]])
+    fakes = torch.tensor([[0.5], [4.0], [20.0]])
+    assert knn_density_coverage(real, fakes, k=1) == (pytest.approx(4 / 3), 1.0)
+    assert knn_density_coverage(real, fakes[[0, 2]], k=1) == (pytest.approx(1.0), 0.5)
+    assert knn_density_coverage(real, fakes, k=2) == (pytest.approx(5 / 6), 1.0)
+    # Beside them, precision/recall of the same sets (k = 1): 20 is outside every real ball; the fakes'
+    # balls (radii 3.5, 3.5, 16) hold every real.
+    assert knn_precision_recall(real, fakes, k=1) == (pytest.approx(2 / 3), 1.0)
+    # Chunking changes nothing: one fake row, one real row at a time.
+    assert knn_density_coverage(real, fakes, k=1, chunk=1) == knn_density_coverage(real, fakes, k=1)
+
+
+def test_density_is_about_one_for_one_distribution_and_counts_crowding():
+    generator = torch.Generator().manual_seed(0)
+    real, fake = torch.randn(2, 2000, 4, generator=generator)
+    density, coverage = knn_density_coverage(real, fake)
+    # Naeem et al.: for one distribution and as many fakes as reals, coverage is about 1 - (1/2)^k = 0.875 (k = 3).
+    assert density == pytest.approx(1.0, abs=0.05) and coverage == pytest.approx(0.875, abs=0.02)
+    # Every fake on one real point: that point's ball and its neighbours' hold them all (density well above
+    # 1 where only ~k balls would), yet they cover almost nothing.
+    crowded, covered = knn_density_coverage(real, real[:1].expand(500, -1))
+    assert crowded > 1.0 and covered < 0.01
+
+
+def test_density_and_coverage_match_the_prdc_package():
+    prdc = pytest.importorskip("prdc")
+    generator = torch.Generator().manual_seed(2)
+    real = torch.randn(300, 6, generator=generator)
+    fake = 0.8 * torch.randn(250, 6, generator=generator) + 0.3
+    metrics = ImageMetrics(FeatureExtractor("flat", nn.Flatten(), 6))
+    metrics.add_real(real[:, :, None, None])
+    ours = metrics.score(fake[:, :, None, None])
+    theirs = prdc.compute_prdc(real_features=real.double().numpy(), fake_features=fake.double().numpy(), nearest_k=3)
+    for name in ("precision", "recall", "density", "coverage"):
+        assert ours[name] == pytest.approx(float(theirs[name]), abs=1e-12), name
 
 
 def test_saved_state_reloads_without_recomputing_real_features():

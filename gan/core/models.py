@@ -152,25 +152,31 @@ def apply_spectral_norm(module: nn.Module) -> nn.Module:
     return module
 
 
-def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
-                 num_classes: int = 0) -> tuple[nn.Module, nn.Module]:
-    """(G, D) for the ``model`` config group; ``num_classes`` > 0 makes both class-conditional."""
+def build_generator(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...], num_classes: int = 0) -> nn.Module:
+    """G alone for the ``model`` config group: what training builds, and what gan/core/snapshot.py rebuilds."""
     name = model_cfg["name"]
-    condition_channels = num_classes
     if name == "mlp":
-        g = MLPGenerator(z_dim, shape, model_cfg["hidden"], model_cfg["layers"], num_classes)
-        d_in = (shape[0] + condition_channels) * math.prod(shape[1:])
-        d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"])
-    elif name == "dcgan":
+        return MLPGenerator(z_dim, shape, model_cfg["hidden"], model_cfg["layers"], num_classes)
+    if name == "dcgan":
         if len(shape) != 3:
             raise ConfigError("model=dcgan needs image data, not 2D points: use model=mlp "
                               "(data=ring or data=grid alone trains its 2D recipe, an MLP)")
+        return DCGANGenerator(z_dim, shape[0], shape[1], model_cfg["width"], num_classes)
+    raise ConfigError(f"unknown model '{name}': use model=mlp or model=dcgan")
+
+
+def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
+                 num_classes: int = 0) -> tuple[nn.Module, nn.Module]:
+    """(G, D) for the ``model`` config group; ``num_classes`` > 0 makes both class-conditional."""
+    g = build_generator(model_cfg, z_dim, shape, num_classes)  # G first: the random streams draw its weights first
+    condition_channels = num_classes
+    if model_cfg["name"] == "mlp":
+        d_in = (shape[0] + condition_channels) * math.prod(shape[1:])
+        d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"])
+    else:
         channels, size = shape[0], shape[1]
-        g = DCGANGenerator(z_dim, channels, size, model_cfg["width"], num_classes)
         d = DCGANDiscriminator(channels + condition_channels, size, model_cfg["width"],
                                model_cfg.get("d_batchnorm", True))
-    else:
-        raise ConfigError(f"unknown model '{name}': use model=mlp or model=dcgan")
     if model_cfg.get("spectral_norm", False):
         apply_spectral_norm(d)
     return g, d

@@ -15,12 +15,14 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
+from gan.core import snapshot
 from gan.core.devices import resolve_device
-from gan.data.datasets import build_dataset, is_points, mixture_means
+from gan.core.models import balanced_labels
+from gan.data.datasets import build_dataset, data_shape, is_points, mixture_means
 from gan.errors import ConfigError
 from gan.evaluation.features import to_uint8
 from gan.evaluation.metrics import build_metrics, scalars
-from gan.evaluation.pictures import real_points_for_plot, render_interpolation, render_samples
+from gan.evaluation.pictures import real_points_for_plot, render_interpolation, render_samples, save_pngs
 from gan.evaluation.sampling import interpolate, sample_and_score
 from gan.evaluation.settings import EvalSettings
 from gan.files import atomic_write
@@ -95,16 +97,43 @@ def with_run_classifier_steps(cfg: DictConfig, run_cfg: dict[str, Any]) -> DictC
     return OmegaConf.merge(cfg, {"classifier_steps": steps})
 
 
+def image_directory(images: str | None, data: dict[str, Any]) -> Path | None:
+    """Where ``images=<dir>`` puts the samples as PNGs: a new or empty directory (an FID tool reads every
+    image in it), for a run that makes images."""
+    if images is None:
+        return None
+    if is_points(data_shape(data)):
+        raise ConfigError(f"images={images}: data={data['name']} makes 2D points, not images; its samples are in "
+                          "eval/samples.npz")
+    path = Path(images).expanduser()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"images={images} {'is not a directory' if not path.is_dir() else 'is not empty'}: give a "
+                          "new or empty directory (an FID tool would count every image in it)")
+    return path
+
+
+def export_kinds(export: Any) -> list[str]:
+    """``export=torch``, ``export=[torch,onnx]``: the exports asked for, each with its packages installed."""
+    kinds = [export] if isinstance(export, str) else list(export or [])
+    for kind in kinds:
+        if missing := snapshot.missing_packages(str(kind)):
+            raise ConfigError(f"export={kind} needs {', '.join(missing)}: pip install -e \".[onnx]\"")
+    return [str(kind) for kind in kinds]
+
+
 def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
-    """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard.
+    """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard, and what
+    ``images=``, ``snapshot=true`` and ``export=`` ask for.
 
     Every check that can fail on bad input runs before the first file is written.
     """
     cfg = conform(cfg, EvaluateConfig)
     run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
+    exports = export_kinds(cfg.export)
     device = resolve_device(cfg.device)
     module = load_module(ckpt_path).to(device)
     run_cfg = module.cfg
+    images = image_directory(cfg.images, run_cfg["data"])
     settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
     generator, tag = choose_generator(module, cfg.ema)
     dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
@@ -139,11 +168,27 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     for name, value in scalars(values, tag).items():
         writer.add_scalar(name, value, step)
     writer.close()
+    written = [out / "metrics.json", out / "samples.npz", out / "grid.png", out / "interpolation.png"]
+    if images is not None:  # the scored samples themselves, as the 8-bit pixels samples.npz holds
+        labels = balanced_labels(len(stored), module.num_classes).numpy() if module.num_classes else None
+        save_pngs(stored, labels, images)
+        written.append(images)
+    if cfg.snapshot or exports:
+        saved = module.snapshot(checkpoint=str(ckpt_path.resolve()))
+        if cfg.snapshot:
+            snapshot.save_snapshot(run / snapshot.FILE, saved)
+            written.append(run / snapshot.FILE)
+        G = snapshot.load_generator(saved)
+        for kind in exports:
+            path = run / snapshot.EXPORTS[kind][0]
+            difference = snapshot.export(G, kind, path)
+            log.info(f"{kind} export {path}: at most {difference:.2g} from the eager generator on the same noise")
+            written.append(path)
     log.info(f"{run} at generator step {step} ({generator}): " + ", ".join(
         f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in headline.items()))
     if "per_class" in values:
         log.info("per class: " + "; ".join(
             f"{label} " + ", ".join(f"{k} {v:.3g}" for k, v in entry.items() if isinstance(v, float))
             for label, entry in values["per_class"].items()))
-    log.info(f"wrote {out / 'metrics.json'}, {out / 'samples.npz'}, {out / 'grid.png'}, {out / 'interpolation.png'}")
+    log.info(f"wrote {', '.join(map(str, written))}")
     return result

@@ -1,9 +1,11 @@
-"""How good are samples? The mode protocol for 2D mixtures; FID, KID and precision/recall for images.
+"""How good are samples? The mode protocol for 2D mixtures; FID, KID, precision/recall and density/coverage
+for images.
 
 * 2D mixtures: ``modes`` captured out of ``modes_total``, the ``high_quality`` fraction (within 3 std
   of a mean) and ``reverse_kl`` of the mode shares from uniform (the protocol: docs/protocols.md).
-* Images: ``fid`` and ``kid`` from torchmetrics and k-NN ``precision`` / ``recall`` (Kynkäänniemi et
-  al. 2019, k = 3), all in one feature space (gan/evaluation/features.py), named by ``features``.
+* Images: ``fid`` and ``kid`` from torchmetrics, k-NN ``precision`` / ``recall`` (Kynkäänniemi et
+  al. 2019, k = 3) and ``density`` / ``coverage`` (Naeem et al. 2020, the same k and balls), all in one
+  feature space (gan/evaluation/features.py), named by ``features``.
 * Class-conditional generators, besides those: ``class_accuracy``, the share of samples recognised as
   the class they were generated for, and ``per_class``: {"<label>": {...}} with each class's
   ``accuracy`` and, for images, its ``fid`` against the real images of that class. 2D mixtures'
@@ -131,18 +133,39 @@ def inside(points: Tensor, centres: Tensor, radii: Tensor, chunk: int = 1024) ->
     return torch.cat([(torch.cdist(rows, centres) <= radii).any(dim=1) for rows in points.split(chunk)])
 
 
-def knn_precision_recall(real: Tensor, fake: Tensor, k: int = 3) -> tuple[float, float]:
+def knn_precision_recall(real: Tensor, fake: Tensor, k: int = 3,
+                         real_radii: Tensor | None = None) -> tuple[float, float]:
     """k-NN precision and recall (Kynkäänniemi et al. 2019) of feature sets (N, D) and (M, D).
 
     Each set's manifold is the union of balls around its points reaching their k-th nearest neighbour.
     Precision: the share of fakes inside the real manifold (are samples realistic?). Recall: the share
     of reals inside the fake manifold (is the data covered?). Written here because torchmetrics has
-    only the classification kind of precision/recall.
+    only the classification kind of precision/recall. ``real_radii``: ``knn_radii(real, k)``, if known.
     """
     real, fake = real.double(), fake.double()
-    precision = inside(fake, real, knn_radii(real, k)).double().mean().item()
+    radii = knn_radii(real, k) if real_radii is None else real_radii.double()
+    precision = inside(fake, real, radii).double().mean().item()
     recall = inside(real, fake, knn_radii(fake, k)).double().mean().item()
     return precision, recall
+
+
+def knn_density_coverage(real: Tensor, fake: Tensor, k: int = 3, real_radii: Tensor | None = None,
+                         chunk: int = 1024) -> tuple[float, float]:
+    """Density and coverage (Naeem et al. 2020) of feature sets (N, D) and (M, D), with the balls of
+    :func:`knn_precision_recall`'s real manifold: around each real point, reaching its k-th nearest
+    real neighbour. Only real balls count, so a few outlying fakes cannot inflate a manifold as
+    they inflate recall's.
+
+    Density: (1 / kM) times the number of (fake, real ball) pairs with the fake inside the ball -- how
+    many real balls a fake lies in, over k: about 1 for fakes distributed as the reals, above 1 where
+    they crowd into dense regions, below where they stray. Coverage: the share of real balls holding at
+    least one fake (is every region of the data reached?).
+    """
+    real, fake = real.double(), fake.double()
+    radii = knn_radii(real, k) if real_radii is None else real_radii.double()
+    pairs = sum(int((torch.cdist(rows, real) <= radii).sum()) for rows in fake.split(chunk))
+    nearest_fake = torch.cat([torch.cdist(rows, fake).min(dim=1).values for rows in real.split(chunk)])
+    return pairs / (k * len(fake)), (nearest_fake <= radii).double().mean().item()
 
 
 def frechet_distance(real: Tensor, fake: Tensor) -> float:
@@ -221,9 +244,11 @@ class ImageMetrics(nn.Module):
         with torch.random.fork_rng(devices=[]):  # KID draws its subsets from the global CPU generator
             torch.manual_seed(seed)
             kid, _ = self.kid.compute()
-        precision, recall = knn_precision_recall(real_features, fake_features, self.k)
+        radii = knn_radii(real_features.double(), self.k)  # the real manifold's balls, shared by all four
+        precision, recall = knn_precision_recall(real_features, fake_features, self.k, radii)
+        density, coverage = knn_density_coverage(real_features, fake_features, self.k, radii)
         values = {"fid": self.fid.compute().item(), "kid": kid.item(), "precision": precision,
-                  "recall": recall, "features": self.extractor.name}
+                  "recall": recall, "density": density, "coverage": coverage, "features": self.extractor.name}
         if self.extractor.head is not None:
             with torch.no_grad():
                 values.update(class_balance(self.extractor.head(fake_features)))

@@ -3,12 +3,15 @@ interpolations, the TensorBoard dashboard layout and hyperparameter table, and a
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 from torchvision.utils import make_grid, save_image
 
@@ -33,6 +36,7 @@ DASHBOARD_LAYOUT = {
         "FID": ["Multiline", ["metrics/fid"]],
         "KID": ["Multiline", ["metrics/kid"]],
         "precision and recall": ["Multiline", ["metrics/precision", "metrics/recall"]],
+        "density and coverage": ["Multiline", ["metrics/density", "metrics/coverage"]],
         "class accuracy (conditional runs)": ["Multiline", ["metrics/class_accuracy"]],
         "modes captured": ["Multiline", ["metrics/modes"]],
         "high quality and reverse KL": ["Multiline", ["metrics/high_quality", "metrics/reverse_kl"]],
@@ -77,9 +81,10 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
     """
     from torch.utils.tensorboard.summary import hparams
 
-    config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths")}
+    config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths", "logger")}  # how, not what, it trains
     points = is_points(data_shape(cfg["data"]))
-    metrics = ("modes", "high_quality", "reverse_kl") if points else ("fid", "kid", "precision", "recall")
+    metrics = (("modes", "high_quality", "reverse_kl") if points else
+               ("fid", "kid", "precision", "recall", "density", "coverage"))
     columns = {tag: float("nan") for tag in ("loss/d", "loss/g", *(f"metrics/{m}" for m in metrics))}
     for summary in hparams(flatten(config), columns):
         writer.file_writer.add_summary(summary)
@@ -170,5 +175,24 @@ def real_points_for_plot(dataset: Any, n: int = 2000) -> Tensor:
     return points[torch.randperm(len(points), generator=torch.Generator().manual_seed(0))[:n]]
 
 
+def save_pngs(images: np.ndarray, labels: np.ndarray | None, directory: Path) -> None:
+    """uint8 images (N, C, H, W) as ``directory/NNNNNN.png``, or ``directory/<label>/NNNNNN.png`` given each
+    image's class label: what FID tools read (one folder per class for per-class scores).
 
-
+    Written into a temporary directory beside ``directory`` and renamed onto it (which must be new or
+    empty): a killed run leaves no folder holding part of the images.
+    """
+    directory = Path(directory)
+    staging = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        for folder in {str(label) for label in labels} if labels is not None else {""}:
+            (staging / folder).mkdir(parents=True)
+        for i, image in enumerate(images):
+            pixels = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)  # (H, W) or (H, W, 3)
+            folder = staging / str(labels[i]) if labels is not None else staging
+            Image.fromarray(pixels).save(folder / f"{i:06d}.png")
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, directory)  # onto a missing or empty directory: one rename
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

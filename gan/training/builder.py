@@ -5,6 +5,7 @@ built from plain arguments."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shlex
 import warnings
@@ -16,9 +17,9 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
+from gan.core import snapshot
 from gan.core.augment import build_augment
 from gan.core.losses import get_loss
 from gan.core.models import balanced_labels, build_models
@@ -28,14 +29,21 @@ from gan.core.regularizers import R1, build_regularizer
 from gan.core.state import EMAGenerator
 from gan.data.datasets import data_shape, is_points, mixture_means, num_classes
 from gan.data.module import GANDataModule
-from gan.errors import ConfigError, Interrupted
+from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
 from gan.evaluation.settings import EvalSettings
 from gan.training.audit import AutogradAudit
-from gan.training.callbacks import GeneratorStepCheckpoint, GeneratorStepProgressBar, MetricsLogger, SampleLogger
+from gan.training.callbacks import (
+    GeneratorSnapshot,
+    GeneratorStepCheckpoint,
+    GeneratorStepProgressBar,
+    MetricsLogger,
+    SampleLogger,
+)
 from gan.training.checkpoint import AtomicCheckpointIO
 from gan.training.checks import check_resumable, check_run_dir, check_writable, validate
 from gan.training.guard import NonFiniteGuard
+from gan.training.loggers import build_loggers
 from gan.training.module import GANModule
 from gan.training.resume import ApplyOnResume, log_changes
 from gan.training.rng import RNGState
@@ -112,6 +120,52 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
         hparams={"cfg": cfg, "data_shape": list(shape), "num_classes": classes})
 
 
+def train_task(cfg: DictConfig) -> float | None:
+    """train.py's task: :func:`train`, returning to Hydra the last logged value of ``cfg.metric`` (None when
+    unset), which a sweeper such as Optuna's optimises."""
+    if cfg.get("metric") is None and "optuna" in str(launched_by("sweeper").get("_target_", "")):
+        raise ConfigError("hydra/sweeper=optuna optimises the number train.py returns: set metric=<a logged scalar>, "
+                          "e.g. metric=metrics/fid eval.every=<trainer.max_steps>, or use a preset: search=ring")
+    module = train(cfg)
+    if cfg.get("metric") is None or module.global_rank != 0:  # DDP: rank 0 alone measures, and reports
+        return None
+    return returned_metric(module, cfg.metric)
+
+
+def returned_metric(module: GANModule, name: str) -> float:
+    """The last logged value of ``name`` (``loss/d``, ``loss/g`` or ``metrics/<name>``); a RunError if the run
+    never logged it."""
+    logged = {**module.last_losses, **module.last_metrics}
+    if name not in logged:
+        names = ", ".join(sorted(logged)) or "nothing"
+        raise RunError(f"metric={name} was not logged by this run (it logged {names}): choose one of those")
+    return logged[name]
+
+
+def launched_by(node: str) -> DictConfig:
+    """Hydra's ``hydra.<node>`` config (``launcher``, ``sweeper``) of the job running now; empty outside Hydra
+    (the Python API, tests that compose)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get()[node] if HydraConfig.initialized() else OmegaConf.create({})
+
+
+def torch_threads(threads: int | None) -> tuple[int | None, str]:
+    """The intra-op threads this run sets (None: torch's default), and why. ``train.threads`` when given; under
+    Hydra's joblib launcher, whose jobs run side by side in processes of their own, the cores this process
+    may use shared evenly among ``hydra.launcher.n_jobs`` of them (-1: one per core, -2 all but one, as
+    joblib counts), so that jobs x threads = cores."""
+    if threads is not None:
+        return threads, "train.threads"
+    launcher = launched_by("launcher")
+    if "joblib" not in str(launcher.get("_target_", "")):
+        return None, "torch's default"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    jobs = int(launcher.get("n_jobs", -1))
+    jobs = max(cores + 1 + jobs, 1) if jobs < 0 else jobs
+    return max(cores // jobs, 1), f"{cores} cores shared by hydra.launcher.n_jobs={jobs} jobs"
+
+
 def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the module.
     ``extra_callbacks`` run before the project's own (e.g. a benchmark's clock)."""
@@ -120,8 +174,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     run_dir = Path(cfg.paths.run_dir)
     check_run_dir(run_dir, cfg.ckpt_path)
     check_writable(run_dir)
-    if cfg.train.threads:  # the recipe's measured choice (docs/benchmarks.md); null leaves torch's default
-        torch.set_num_threads(cfg.train.threads)
+    threads, why = torch_threads(cfg.train.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
+        log.info(f"torch threads: {threads} ({why})")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     container = OmegaConf.to_container(cfg, resolve=True)
@@ -145,6 +201,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         RNGState(),
         guard,
         checkpoints,
+        GeneratorSnapshot(run_dir / snapshot.FILE),
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
                      real_points_for_plot(datamodule.dataset) if points else None,
                      mixture_means(cfg.data.name) if points else None),
@@ -163,7 +220,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     trainer = L.Trainer(
         # Lightning counts every optimizer step; each generator step makes d_steps + 1 of them.
         max_steps=g_steps * (cfg.train.d_steps + 1),
-        logger=TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False),
+        logger=build_loggers(container.get("logger") or {}) or False,  # logger=tensorboard|csv|wandb|mlflow|many
         callbacks=callbacks,
         default_root_dir=str(run_dir),
         enable_checkpointing=False,  # GeneratorStepCheckpoint does it
@@ -210,3 +267,4 @@ def log_summary(trainer: L.Trainer, module: GANModule, run_dir: Path, stopped_by
     # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
     log.info(f"  curves and samples: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
     log.info(f"  metrics:            python evaluate.py {shlex.quote(f'run_dir={run_dir}')}")
+    log.info(f"  the generator:      {shlex.quote(str(run_dir / snapshot.FILE))} (gan.core.snapshot.load_generator)")

@@ -24,12 +24,14 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from torch import Tensor
 
 from gan.core.graphs import ForwardRecorder, dot_path, picture
+from gan.core.snapshot import save_snapshot
 from gan.errors import ConfigError, StoppedAtOnce
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
 from gan.evaluation.settings import EvalSettings
 from gan.training import audit
+from gan.training.loggers import summary_writer
 
 if TYPE_CHECKING:
     from gan.training.module import GANModule
@@ -153,7 +155,8 @@ class GeneratorStepCheckpoint(L.Callback):
 
 
 class SampleLogger(L.Callback):
-    """Every ``every`` G steps and at the end: the fixed noise batch's samples to ``samples/`` and TensorBoard.
+    """Every ``every`` G steps and at the end: the fixed noise batch's samples to ``samples/`` and TensorBoard
+    (where the run has a TensorBoard logger: gan/training/loggers.py).
 
     Also lays out TensorBoard's dashboard and hyperparameter table once, at the start, and draws the
     autograd graph of the first step's G loss (``autograd/g_loss`` at step 0; where Graphviz's ``dot``
@@ -172,14 +175,14 @@ class SampleLogger(L.Callback):
         self.recorder: ForwardRecorder | None = None  # watches G and D during a fresh run's first step
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: GANModule) -> None:
-        if trainer.is_global_zero and trainer.logger is not None:
-            writer = trainer.logger.experiment
+        writer = summary_writer(trainer)
+        if writer is not None:
             writer.add_custom_scalars(DASHBOARD_LAYOUT)
             write_hparams(writer, pl_module.cfg)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: GANModule, *args: Any) -> None:
         # Step 0 only: a resumed run's event files have the picture already.
-        if pl_module.counters.g != 0 or not trainer.is_global_zero or trainer.logger is None:
+        if pl_module.counters.g != 0 or summary_writer(trainer) is None:
             return
         if dot_path() is None:
             log.debug("no autograd graph in TensorBoard: Graphviz's dot is not installed (apt-get install graphviz)")
@@ -193,7 +196,7 @@ class SampleLogger(L.Callback):
         with self.recorder:
             graph = self.recorder.graph("G loss", loss, "the G update: through D(fake), with D frozen")
         self.recorder = None
-        trainer.logger.experiment.add_image(
+        summary_writer(trainer).add_image(
             self.GRAPH_TAG, picture([graph], "The autograd graph of the G loss, first training step"), 0,
             dataformats="HWC")
 
@@ -213,9 +216,21 @@ class SampleLogger(L.Callback):
         samples = pl_module.generate(pl_module.sample_noise, pl_module.sample_labels)
         # The whole fixed batch: a conditional grid shows every row the module drew labels for.
         render_samples(samples, self.directory / f"step_{step:06d}.png",
-                       trainer.logger.experiment if trainer.logger is not None else None, self.tag, step,
+                       summary_writer(trainer), self.tag, step,
                        num_classes=pl_module.num_classes, real_points=self.real_points, means=self.means,
                        title=f"generator step {step}", per_class=len(samples), limit=len(samples))
+
+
+class GeneratorSnapshot(L.Callback):
+    """``<run>/generator.pt`` at the end of training (Ctrl-C included): the sampling generator's weights and
+    what rebuilds it, for use outside training (gan/core/snapshot.py's load_generator). Rank 0 writes it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: GANModule) -> None:
+        if trainer.is_global_zero:
+            save_snapshot(self.path, pl_module.snapshot())
 
 
 def own_rng(device: torch.device) -> AbstractContextManager[Any]:
@@ -224,7 +239,7 @@ def own_rng(device: torch.device) -> AbstractContextManager[Any]:
 
 
 class MetricsLogger(L.Callback):
-    """Every ``every`` generator steps: the metrics of fresh samples, to TensorBoard as ``metrics/*``.
+    """Every ``every`` generator steps: the metrics of fresh samples, to every logger as ``metrics/*``.
 
     Measured on rank 0 only; the noise is the same at every evaluation (seeded with the run's seed),
     so the curve follows the generator, not the draw.
@@ -252,9 +267,9 @@ class MetricsLogger(L.Callback):
         logged = scalars(values)
         if pl_module.audit:
             audit.check_plain_numbers(logged)
-        if trainer.logger is not None:
-            for tag, value in logged.items():
-                trainer.logger.experiment.add_scalar(tag, value, step)
+        pl_module.last_metrics = logged  # the numbers gan.train returns (gan/api.py)
+        for logger in trainer.loggers:
+            logger.log_metrics(logged, step=step)
 
 
 class GeneratorStepProgressBar(TQDMProgressBar):

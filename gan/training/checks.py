@@ -17,6 +17,7 @@ from gan.data.datasets import data_shape, is_points
 from gan.errors import ConfigError
 from gan.training import strategy
 from gan.training.checkpoint import mismatched, read_checkpoint
+from gan.training.loggers import check_loggers
 from gan.training.module import GANModule
 from gan.training.resume import Change, changes, check_changes
 from gan.training.schema import TrainConfig, conform
@@ -93,6 +94,16 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
         raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
                           "CPUs): leave it false here")
+    check_loggers(cfg.get("logger") or {})
+    metric = cfg.get("metric")
+    if metric is not None and not (metric in ("loss/d", "loss/g") or metric.startswith("metrics/")):
+        raise ConfigError(f"metric={metric}: train.py returns loss/d, loss/g or a metrics/<name> of eval.every")
+    if metric is not None and metric.startswith("metrics/") and not cfg.eval.every:
+        raise ConfigError(f"metric={metric} is measured only during training with eval.every=N: set it, e.g. "
+                          f"eval.every={cfg.trainer.max_steps} (once, at the last generator step)")
+    threads = cfg.train.get("threads")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"train.threads={threads}: a number of threads >= 1, or null for torch's default")
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")

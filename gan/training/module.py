@@ -23,6 +23,7 @@ from gan.core.contexts import evaluating
 from gan.core.distributed import broadcast_buffers
 from gan.core.objective import Objective
 from gan.core.phases import PhaseTimer
+from gan.core.snapshot import make_snapshot
 from gan.core.state import EMAGenerator, StepCounters
 from gan.training import audit, legacy
 
@@ -49,6 +50,7 @@ class GANModule(L.LightningModule):
         self.counters = StepCounters()
         self.before_logging: list[Callable[[], None]] = []  # e.g. the non-finite guard's read of its verdict
         self.last_losses: dict[str, float] = {}  # the last logged loss/d and loss/g
+        self.last_metrics: dict[str, float] = {}  # the last evaluation's metrics/* (eval.every), as logged
         self.timer = timer or PhaseTimer(enabled=False)  # the step's phase hook: which update runs, and its time
         # trainer=ddp: G's and D's own DistributedDataParallel wrappers (gan/training/strategy.py), which the
         # step runs (self.replica). A dict, so not submodules: the state_dict, optimizers, EMA and sampling
@@ -170,6 +172,14 @@ class GANModule(L.LightningModule):
                 return generator(z, labels)
 
         return audit.checked_sampling(generator, sample) if self.audit else sample()
+
+    def snapshot(self, **info: Any) -> dict[str, Any]:
+        """The sampling generator as ``generator.pt`` holds it (gan/core/snapshot.py): the EMA copy's weights
+        where there is one, else G's; ``info``: more plain values to keep with them."""
+        return make_snapshot(self.sampling_generator, model=self.cfg["model"], z_dim=self.z_dim,
+                             data_shape=tuple(self.hparams["data_shape"]), num_classes=self.num_classes,
+                             generator="G" if self.ema is None else "ema", step=self.counters.g,
+                             data=self.cfg["data"]["name"], **info)
 
     # --- optimizers and checkpoints --------------------------------------------------------------
 

@@ -175,6 +175,7 @@ class TrainConfig:
     ckpt_path: str | None = MISSING
     audit: bool = MISSING
     resume: Resume = field(default_factory=Resume)
+    metric: str | None = MISSING
     data: Data = field(default_factory=Data)
     model: Model = field(default_factory=Model)
     loss: Loss = field(default_factory=Loss)
@@ -189,12 +190,15 @@ class TrainConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     eval: Eval = field(default_factory=Eval)
     paths: Paths = field(default_factory=Paths)
+    # configs/logger/: name -> a Lightning logger's _target_ and arguments (gan/training/loggers.py)
+    logger: dict[str, Any] = field(default_factory=dict)
 
 
 # configs/evaluate.yaml: what to measure, at the top level, and which run.
 # classifier_steps may be null there: the run's own eval.classifier_steps (gan.evaluation.app).
 EvaluateConfig = measuring("EvaluateConfig", ("run_dir", str), ("ckpt", str | None), ("seed", int), ("ema", bool),
-                           ("device", str), ("classifier_steps", int | None))
+                           ("device", str), ("classifier_steps", int | None), ("images", str | None),
+                           ("snapshot", bool), ("export", Any))  # export: a kind, or a list of them
 
 
 def conform(cfg: DictConfig, schema: type) -> DictConfig:
