@@ -1,0 +1,64 @@
+"""The default run as a new user makes it: `python train.py`, then `python evaluate.py run_dir=<run>`, each its
+own process, timed (wall and CPU seconds), with the metrics evaluate.py writes.
+
+Usage: python benchmarks/default_run.py [--write docs/results.md] [--samples docs/digits_samples.png]
+                                        [-- extra train.py overrides]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools.blocks import write_block  # noqa: E402
+
+
+def timed(command: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child) of ``command`` run from the repository root."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", type=Path, help="put the table into this markdown file's default-run block")
+    parser.add_argument("--samples", type=Path, help="copy the run's last sample grid (PNG) here")
+    parser.add_argument("overrides", nargs="*", help="extra train.py overrides")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        train_wall, train_cpu = timed([sys.executable, "train.py", f"hydra.run.dir={run}",
+                                       "trainer.enable_progress_bar=false", *args.overrides])
+        eval_wall, eval_cpu = timed([sys.executable, "evaluate.py", f"run_dir={run}"])
+        metrics = json.loads((run / "eval" / "metrics.json").read_text())
+        if args.samples:
+            shutil.copyfile(sorted((run / "samples").glob("step_*.png"))[-1], args.samples)
+    names = [k for k in ("fid", "kid", "precision", "recall", "density", "coverage", "class_kl", "confident")
+             if k in metrics]
+    rows = ["| `python train.py` wall | CPU | `python evaluate.py` wall | " + " | ".join(names) + " |",
+            "|---" * (3 + len(names)) + "|",
+            f"| {train_wall:.0f} s | {train_cpu:.0f} s | {eval_wall:.0f} s | "
+            + " | ".join(f"{metrics[k]:.4g}" for k in names) + " |"]
+    table = "\n".join(rows)
+    print(table)
+    if args.write:
+        command = "python benchmarks/default_run.py " + " ".join(sys.argv[1:])
+        write_block(args.write, "default-run", table, command, ["gan", "configs", "train.py", "evaluate.py"])
+        print(f"wrote {args.write}")
+
+
+if __name__ == "__main__":
+    main()
