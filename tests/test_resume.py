@@ -197,6 +197,6 @@ def test_what_a_resume_may_change():
         "loss.name": ("nonsaturating", "wgan_gp", "refused"), "loss.d_steps": (1, 5, "refused"),
         "loss.gp_weight": (0.0, 10.0, "refused"),  # an old run's value of a key added since (gan/training/legacy.py)
         "loss.batchnorm_in_d": (UNSET, False, "refused"), "model.d_batchnorm": (True, False, "refused"),
-        "train.d_steps": (1, 5, "refused"), "optim.g.fused": (True, False, "refused"),
+        "train.d_steps": (1, 5, "refused"), "optim.g.fused": (True, False, "free"),  # the same math
         "optim.d.lr": (2e-4, 1e-3, "applied"), "eval.every": (0, 5, "applied"),
         "data.num_workers": (0, 2, "free"), "trainer.precision": ("32-true", "bf16-mixed", "free")}
