@@ -12,19 +12,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from gan.data.datasets import data_shape
 from gan.data.module import GANDataModule
 from gan.training.audit import AutogradAudit
+from gan.training.compose import compose
 from gan.training.module import GANModule
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 class StepTimer(L.Callback):
@@ -55,8 +52,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=3)
     args, overrides = parser.parse_known_args()
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=["paths.run_dir=unused", *overrides])
+    cfg = compose(*overrides)
     plain, audited = [], []
     for _ in range(args.rounds):
         plain.append(median_step(cfg, False, args.steps))

@@ -33,7 +33,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from gan.data.datasets import build_dataset, data_shape
@@ -42,10 +41,10 @@ from gan.evaluation.app import evaluate_run, load_module, with_run_classifier_st
 from gan.evaluation.metrics import ImageMetrics, build_metrics, real_images
 from gan.evaluation.sampling import sample_and_score
 from gan.evaluation.settings import EvalSettings
+from gan.training.compose import compose
 from gan.training.module import GANModule
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
 MARKERS = ("<!-- images:begin -->", "<!-- images:end -->")
 COLUMNS = ("fid", "kid", "precision", "recall", "class_kl", "confident")
 FID_FACTOR, MAX_CLASS_KL, MIN_CONFIDENT = 10.0, 0.05, 0.90
@@ -70,8 +69,7 @@ def train_preset(name: str, root: str, split: str, run_dir: Path) -> float:
 
 def evaluate(run_dir: Path, num_samples: int) -> tuple[dict[str, Any], EvalSettings]:
     """``python evaluate.py run_dir=<run> num_samples=<N>``'s result, and the settings it used."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"run_dir={run_dir}", f"num_samples={num_samples}"])
+    cfg = compose(f"run_dir={run_dir}", f"num_samples={num_samples}", config="evaluate")
     run_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
     return evaluate_run(cfg), EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
 
@@ -130,8 +128,7 @@ def write_block(path: Path, text: str) -> None:
 
 def benchmark(name: str, root: str, split: str, run_dir: Path | None, num_samples: int) -> str:
     """One dataset's markdown section; where its files are absent, one line saying so (nothing crashes)."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={name}", f"data.root={root}", f"data.split={split}"])
+    cfg = compose(f"experiment={name}", f"data.root={root}", f"data.split={split}")
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     try:
         build_dataset(data_cfg, cfg.seed)

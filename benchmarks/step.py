@@ -444,12 +444,9 @@ tree, steps, warmup, overrides = Path(sys.argv[1]), int(sys.argv[2]), int(sys.ar
 sys.path.insert(0, str(tree))
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
+from hydra import compose, initialize_config_dir
 try:
     from gan.training.builder import train
-from gan.training.compose import compose
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.blocks import write_block  # noqa: E402
 except ImportError:  # the layout before gan/training/ was a package
     from gan.training import train
 
