@@ -13,9 +13,8 @@ under ``<root>/MNIST/raw/`` or ``<root>/raw/``; absent files are reported and sk
 3. the floor: the same metrics between two disjoint halves of the real images (their own ``class_kl``
    and ``confident`` are the second half's), and the untrained generator: the run's networks as
    initialised with the run's seed, before step 1;
-4. prints a markdown table with the targets and whether each is met, and writes it into ``--write``
-   between ``<!-- images:begin -->`` and ``<!-- images:end -->`` (a file without the markers is left
-   alone).
+4. prints a markdown table with the targets and whether each is met, and writes it into ``--write``'s
+   generated block ``images`` (tools/blocks.py: stamped with the command, the commit and the machine).
 
 Targets: classifier-FID at most 10 times the real-data floor, ``class_kl`` <= 0.05 (the predicted
 classes nearly uniform), ``confident`` >= 0.90 (nine samples in ten recognised with probability >= 0.9).
@@ -44,8 +43,10 @@ from gan.evaluation.settings import EvalSettings
 from gan.training.compose import compose
 from gan.training.module import GANModule
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.blocks import write_block  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-MARKERS = ("<!-- images:begin -->", "<!-- images:end -->")
 COLUMNS = ("fid", "kid", "precision", "recall", "class_kl", "confident")
 FID_FACTOR, MAX_CLASS_KL, MIN_CONFIDENT = 10.0, 0.05, 0.90
 
@@ -113,19 +114,6 @@ def table(rows: dict[str, dict[str, Any]], floor_fid: float) -> str:
     return "\n".join(lines)
 
 
-def write_block(path: Path, text: str) -> None:
-    """Replace what lies between the markers in ``path`` with ``text``."""
-    content = path.read_text() if path.is_file() else ""
-    begin, end = MARKERS
-    if begin not in content or end not in content:
-        print(f"{path} has no {begin} ... {end} block: table printed only")
-        return
-    head, _, rest = content.partition(begin)
-    _, _, tail = rest.partition(end)
-    path.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
-    print(f"wrote the table into {path}")
-
-
 def benchmark(name: str, root: str, split: str, run_dir: Path | None, num_samples: int) -> str:
     """One dataset's markdown section; where its files are absent, one line saying so (nothing crashes)."""
     cfg = compose(f"experiment={name}", f"data.root={root}", f"data.split={split}")
@@ -164,7 +152,8 @@ def main() -> None:
                                    args.num_samples)
                          for name, root in (("mnist", args.mnist_root), ("fashion_mnist", args.fashion_root)))
     print(text)
-    write_block(args.write, text)
+    write_block(args.write, "images", text, "python benchmarks/images.py " + " ".join(sys.argv[1:]), ["gan", "configs"])
+    print(f"wrote the table into {args.write}")
 
 
 if __name__ == "__main__":

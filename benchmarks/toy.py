@@ -30,8 +30,10 @@ from pathlib import Path
 import torch
 from step import machine  # benchmarks/step.py: the same machine line in every report
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.blocks import write_block  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- toy:begin -->", "<!-- toy:end -->"
 # PacGAN (Lin et al., NeurIPS 2018), Table 1: means over 10 trials after 400 epochs over 100,000
 # points: (modes, high-quality share, reverse KL). The rows its authors report for the plain GAN and
 # for PacGAN4, their best-covering variant.
@@ -108,15 +110,6 @@ def verdict(met: bool) -> str:
     return "**met**" if met else "**missed**"
 
 
-def write_block(path: Path, block: list[str]) -> None:
-    """Replace what lies between the toy markers of ``path`` (appending the markers if absent)."""
-    text = path.read_text() if path.exists() else ""
-    body = "\n".join([BEGIN, *block, END])
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + body + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    path.write_text(text)
 
 
 def commit() -> str:
@@ -158,7 +151,8 @@ def main() -> None:
         if args.write:
             shutil.copy(args.out / preset / "seed0" / "eval" / "grid.png", args.write.parent / f"{preset}_samples.png")
     if args.write:
-        write_block(args.write, block)
+        write_block(args.write, "toy", "\n".join(block), "python benchmarks/toy.py " + " ".join(sys.argv[1:]),
+                    ["gan", "configs"])
         print(f"wrote {args.write}")
 
 
