@@ -186,18 +186,13 @@ class AutogradAudit(L.Callback):
         changed = first_difference(self.g_grads, grads(pl_module.G))
         if changed:
             raise AuditError(f"D update changed the gradient of G.{changed}: the D loss must use fake.detach()")
-        for name, p in pl_module.D.named_parameters():
-            if p.requires_grad and p.grad is None:
-                raise AuditError(f"D update left D.{name} with no gradient")
+        require_gradients(pl_module.D, "D", "")
 
     def check_g_update(self, pl_module: Any) -> None:
         changed = first_difference(self.d_grads, grads(pl_module.D))
         if changed:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
-        for name, p in pl_module.G.named_parameters():
-            if p.requires_grad and p.grad is None:
-                raise AuditError(f"G update left G.{name} with no gradient: the G loss must reach every weight of G "
-                                 "through the undetached fake")
+        require_gradients(pl_module.G, "G", ": the G loss must reach every weight of G through the undetached fake")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -214,6 +209,13 @@ class AutogradAudit(L.Callback):
         if changed:
             raise AuditError(f"G update changed D.{changed}: only BatchNorm running statistics and "
                              "spectral-norm vectors of D may move in the G update")
+
+
+def require_gradients(module: nn.Module, network: str, hint: str) -> None:
+    """Every trainable parameter of ``module`` holds a gradient after ``network``'s backward."""
+    for name, p in module.named_parameters():
+        if p.requires_grad and p.grad is None:
+            raise AuditError(f"{network} update left {network}.{name} with no gradient{hint}")
 
 
 def checked_sampling(generator: nn.Module, sample: Callable[[], Tensor]) -> Tensor:
