@@ -56,7 +56,7 @@ from gan.core.models import build_models
 from gan.core.phases import PHASES, PhaseTimer
 from gan.data.datasets import build_dataset
 from gan.patterns import gan_step, measure
-from gan.training.builder import train
+from gan.training.builder import NVML_CHECK, no_gpu_probe_per_step, train
 from gan.training.compose import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -446,7 +446,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 from hydra import compose, initialize_config_dir
 try:
-    from gan.training.builder import train
+    from gan.training.builder import NVML_CHECK, no_gpu_probe_per_step, train
 except ImportError:  # the layout before gan/training/ was a package
     from gan.training import train
 
@@ -517,6 +517,91 @@ def section_b_e(folder: Path, args: argparse.Namespace, device: torch.device) ->
     return b_rows, e_rows
 
 
+# --- (l) what Lightning's own loop costs ------------------------------------------------------------------
+
+class TwoUpdates(L.LightningModule):
+    """A generator step's shape with almost no work: two one-weight networks, two manual backwards, two
+    fused Adam steps through Lightning's optimizer wrappers. No logger, progress bar or checkpoints."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.g, self.d = nn.Linear(1, 1), nn.Linear(1, 1)
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> None:
+        for opt, net in zip(self.optimizers(), (self.d, self.g)):
+            opt.zero_grad(set_to_none=True)
+            self.manual_backward(net(batch).sum())
+            opt.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.Adam(net.parameters(), fused=True) for net in (self.g, self.d)]
+
+    def train_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(torch.ones(10**6, 1), batch_size=1)
+
+
+def lightning_us(callbacks: int, steps: int) -> float:
+    """Microseconds per step of :class:`TwoUpdates` under a real Trainer with ``callbacks`` do-nothing
+    callbacks (train() registers its own: every hook Lightning calls visits each)."""
+    module, clock = TwoUpdates(), StepClock()
+    trainer = L.Trainer(max_steps=2 * (steps + WARMUP), logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                        callbacks=[clock, *(L.Callback() for _ in range(callbacks))])
+    trainer.fit(module)
+    return (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e6 / (len(clock.ends) - WARMUP)
+
+
+def plain_us(steps: int) -> float:
+    """:class:`TwoUpdates`' step in a plain loop over the same DataLoader: the same work without Lightning."""
+    module = TwoUpdates()
+    opts, batches = module.configure_optimizers(), iter(module.train_dataloader())
+    start = time.perf_counter()
+    for _ in range(steps):
+        batch = next(batches)
+        for opt, net in zip(opts, (module.d, module.g)):
+            opt.zero_grad(set_to_none=True)
+            net(batch).sum().backward()
+            opt.step()
+    return (time.perf_counter() - start) * 1e6 / steps
+
+
+def adam_step_us(nvml_check: bool, steps: int = 2000) -> float:
+    """Microseconds per fused Adam step of one weight, with Lightning's PYTORCH_NVML_BASED_CUDA_CHECK set or not."""
+    weight = nn.Parameter(torch.zeros(1))
+    weight.grad = torch.ones(1)
+    opt = torch.optim.Adam([weight], fused=True)
+    if nvml_check:
+        os.environ[NVML_CHECK] = "1"
+    try:
+        start = time.perf_counter()
+        for _ in range(steps):
+            opt.step()
+        return (time.perf_counter() - start) * 1e6 / steps
+    finally:
+        os.environ.pop(NVML_CHECK, None)
+
+
+def section_l(args: argparse.Namespace) -> list[str]:
+    """Lightning's own per-step cost, apart from any network's work, and the GPU probe train() turns off."""
+    steps = 20 * args.steps
+    callbacks = len(OWN_CALLBACKS)
+    us = alternate(args.rounds, plain=lambda: plain_us(steps), lightning=lambda: lightning_us(0, steps),
+                   callbacks=lambda: lightning_us(callbacks, steps),
+                   probe=lambda: adam_step_us(True), no_probe=lambda: adam_step_us(False))
+    rows = ["| per generator step (two updates of one-weight networks) | us | added |", "|---|---|---|",
+            f"| plain loop | {us['plain']:.0f} | |",
+            f"| the same step as a LightningModule's training_step (manual optimization) | {us['lightning']:.0f} | "
+            f"**{us['lightning'] - us['plain']:.0f}**: Lightning's loop, hooks and optimizer wrappers |",
+            f"| ... with {callbacks} do-nothing callbacks, as many as train() registers | {us['callbacks']:.0f} | "
+            f"**{us['callbacks'] - us['lightning']:.0f}**: visiting them at every hook |",
+            "", "| one fused Adam step (one weight) | us |", "|---|---|",
+            f"| with PYTORCH_NVML_BASED_CUDA_CHECK=1, as importing Lightning leaves it | {us['probe']:.0f} |",
+            f"| without it, as train() runs on a machine with no GPU | {us['no_probe']:.0f} |"]
+    print("\n".join(rows), flush=True)
+    return rows
+
+
 def section_c(device: torch.device) -> list[str]:
     d_step, freeze = gan_step.gan_d_step(device), gan_step.freeze(device)
     v, f = d_step.values, freeze.values
@@ -584,7 +669,11 @@ SECTIONS = {
     "c": "The detach and freeze decisions (the training step's own code)",
     "d": "Evaluation under no_grad against autograd",
     "f": "The cost of per-phase timing (timing.enabled)",
+    "l": "What Lightning's own loop costs per step",
 }
+# The callbacks train() registers for a plain run (gan/training/builder.py): what every Lightning hook visits.
+OWN_CALLBACKS = ["RNGState", "NonFiniteGuard", "GeneratorStepCheckpoint", "GeneratorSnapshot", "SampleLogger",
+                 "StepTimer"]
 
 
 def main() -> None:
@@ -592,8 +681,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60, help=f"steps per measurement, after {WARMUP} dropped")
-    parser.add_argument("--only", nargs="*", choices=["a", "ops", "b", "c", "d", "f"],
-                        default=["a", "ops", "b", "c", "d", "f"],
+    parser.add_argument("--only", nargs="*", choices=["a", "ops", "b", "c", "d", "f", "l"],
+                        default=["a", "ops", "b", "c", "d", "f", "l"],
                         help="sections to run (b includes e)")
     parser.add_argument("--recipes", nargs="*", help="only the recipes whose name contains one of these (a, against)")
     parser.add_argument("--against", metavar="COMMIT", help="also time this commit's train() against COMMIT's")
@@ -601,6 +690,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="on a CPU, also measure train.compile (slow start)")
     parser.add_argument("--write", type=Path, help="write each section into its generated block of this markdown file")
     args = parser.parse_args()
+    no_gpu_probe_per_step()  # the bare loops run as plain PyTorch would, without what importing Lightning set
     if args.threads:
         global DEFAULT_THREADS
         torch.set_num_threads(args.threads)
@@ -628,6 +718,8 @@ def main() -> None:
         sections["d"] = section_d(device, args.rounds)
     if "f" in args.only:
         sections["f"] = section_f(args, device)
+    if "l" in args.only:
+        sections["l"] = section_l(args)
     if args.write:
         for key, rows in sections.items():
             body = [f"### {SECTIONS[key]}", "", header, "", *rows]

@@ -15,6 +15,7 @@ values together, plus the non-finite guard's one read of its verdict for the win
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections import Counter
 from typing import Any
@@ -117,3 +118,31 @@ def test_the_counter_sees_each_kind_of_read(monkeypatch):
     t.sum().item(), float(t[0]), bool(t[1] > 0), t.tolist(), t.numpy()  # noqa: B018
     counter.close()
     assert counter.per_step == [Counter(other=5)]
+
+
+class GPUProbes(L.Callback):
+    """Counts NVML device queries (torch.cuda's ``_raw_device_count_nvml``) inside each training step."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "_raw_device_count_nvml":
+            self.calls += 1
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        sys.setprofile(self.count)
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        sys.setprofile(None)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="the claim is about machines without a GPU")
+def test_a_step_without_a_gpu_does_not_query_nvml(tmp_path, monkeypatch):
+    """Importing Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1, under which every torch.cuda.is_available()
+    (Adam asks at each step) loads NVML again until CUDA is initialised, which a CPU run never does."""
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # as `import lightning` leaves it
+    probes = GPUProbes()
+    cfg = compose_config(*TINY, "trainer.max_steps=3", run_dir=tmp_path)
+    train(cfg, extra_callbacks=[probes])
+    assert probes.calls == 0, f"{probes.calls} NVML queries in 3 generator steps"

@@ -150,6 +150,22 @@ def launched_by(node: str) -> DictConfig:
     return HydraConfig.get()[node] if HydraConfig.initialized() else OmegaConf.create({})
 
 
+def no_gpu_probe_per_step() -> None:
+    """Without a GPU, drop the PYTORCH_NVML_BASED_CUDA_CHECK=1 that importing Lightning sets.
+
+    Lightning sets it so that counting GPUs does not initialise CUDA before a fork. But Adam's step asks
+    ``torch.cuda.is_available()`` at every call, and until CUDA is initialised, which never happens on a
+    CPU run, that variable makes each answer try to load NVML again: about 0.3 ms, twice a generator
+    step, with a CUDA build of torch (pip's default on Linux). With no GPU there is no CUDA state a fork
+    could inherit, and the plain check costs microseconds (docs/benchmarks.md).
+    """
+    if os.environ.get(NVML_CHECK) == "1" and torch.cuda.device_count() == 0:
+        del os.environ[NVML_CHECK]
+
+
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
 def torch_threads(threads: int | None) -> tuple[int | None, str]:
     """The intra-op threads this run sets (None: torch's default), and why. ``train.threads`` when given; under
     Hydra's joblib launcher, whose jobs run side by side in processes of their own, the cores this process
@@ -174,6 +190,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     run_dir = Path(cfg.paths.run_dir)
     check_run_dir(run_dir, cfg.ckpt_path)
     check_writable(run_dir)
+    no_gpu_probe_per_step()
     threads, why = torch_threads(cfg.train.threads)
     if threads is not None:
         torch.set_num_threads(threads)
