@@ -446,7 +446,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 from hydra import compose, initialize_config_dir
 try:
-    from gan.training.builder import NVML_CHECK, no_gpu_probe_per_step, train
+    from gan.training.builder import train
 except ImportError:  # the layout before gan/training/ was a package
     from gan.training import train
 
