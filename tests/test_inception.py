@@ -103,6 +103,13 @@ def test_a_file_that_is_not_torchscript_is_read_as_torch_fidelitys_weights(tmp_p
         inception_features(str(path))
 
 
+def test_stylegan3s_pickle_is_refused_unread(tmp_path):
+    path = tmp_path / "inception-2015-12-05.pkl"
+    path.write_bytes(b"not read")
+    with pytest.raises(ConfigError, match="is a pickle .* give StyleGAN2-ADA's TorchScript inception-2015-12-05.pt"):
+        inception_features(str(path))
+
+
 def test_inception_sha256_must_be_a_sha256():
     assert eval_settings().inception_sha256 is None
     assert eval_settings(f"inception_sha256={STYLEGAN_SHA256}").inception_sha256 == STYLEGAN_SHA256

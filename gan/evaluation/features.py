@@ -250,6 +250,10 @@ def inception_features(weights: str | None = None, sha256: str | None = None) ->
         raise ConfigError(f"features=inception: no Inception weights at {path}: download {TORCH_FIDELITY_URL} "
                           f"to {cached}, or pass inception_weights=<file>, that file or StyleGAN's "
                           f"inception-2015-12-05.pt ({STYLEGAN_URL})")
+    if path.suffix == ".pkl":  # StyleGAN3's download of the network: a pickle, which runs code when loaded
+        raise ConfigError(f"features=inception: {path} is a pickle (StyleGAN3's inception-2015-12-05.pkl?), which "
+                          f"is never loaded here: give StyleGAN2-ADA's TorchScript inception-2015-12-05.pt "
+                          f"({STYLEGAN_URL})")
     if is_torchscript(path):
         network = torchscript_inception(path, sha256)
     else:
