@@ -10,8 +10,8 @@
   views): use ``inception`` there.
 * ``inception``: the standard FID space, Inception-v3 pool3 (2,048 features), from one of two files
   already on disk (nothing is downloaded), each checked against its sha256 before it is loaded:
-  StyleGAN2-ADA's and StyleGAN3's TorchScript ``inception-2015-12-05.pt``, or torch-fidelity's
-  weights, run by torchmetrics.
+  StyleGAN2-ADA's TorchScript ``inception-2015-12-05.pt``, or torch-fidelity's weights, run by
+  torchmetrics.
 
 Only the ``classifier`` space keeps its network's head (a linear layer from the features to logits
 over the dataset's classes): conditional runs use it to ask whether a sample shows the class it was
@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 TORCH_FIDELITY_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
                       "weights-inception-2015-12-05-6726825d.pth")
 TORCH_FIDELITY_SHA256_PREFIX = "6726825d"
-# StyleGAN2-ADA's and StyleGAN3's metrics network: the TensorFlow FID graph translated to TorchScript,
-# and the sha256 of that file (95,607,719 bytes) as the projects that check their download of it record it.
+# StyleGAN2-ADA's metrics network: the TensorFlow FID graph translated to TorchScript, and the sha256 of
+# that file as the projects that check their download of it (k-diffusion among them) record it.
 STYLEGAN_URL = "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
 STYLEGAN_SHA256 = "f58cb9b6ec323ed63459aa4fb441fe750cfe39fafad6da5cb504a16f19e958f4"
 
