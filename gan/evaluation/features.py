@@ -8,8 +8,10 @@
   where a randomly initialised network would only measure colour and texture statistics, and Inception
   needs weights these machines cannot download. Weak where orientation is ambiguous (textures, aerial
   views): use ``inception`` there.
-* ``inception``: the standard FID space, Inception-v3 pool3 (2,048 features) with torch-fidelity's
-  weights, run by torchmetrics. Nothing is downloaded: the weights file must already be on disk.
+* ``inception``: the standard FID space, Inception-v3 pool3 (2,048 features), from one of two files
+  already on disk (nothing is downloaded), each checked against its sha256 before it is loaded:
+  StyleGAN2-ADA's TorchScript ``inception-2015-12-05.pt``, or torch-fidelity's weights, run by
+  torchmetrics.
 
 Only the ``classifier`` space keeps its network's head (a linear layer from the features to logits
 over the dataset's classes): conditional runs use it to ask whether a sample shows the class it was
@@ -26,15 +28,19 @@ retrained classifier is a new feature space, and numbers measured before would n
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import logging
 import time
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchmetrics.image.fid import NoTrainInceptionV3
 
 from gan.errors import ConfigError
 from gan.files import atomic_write
@@ -42,9 +48,15 @@ from gan.files import atomic_write
 log = logging.getLogger(__name__)
 
 # torch-fidelity's Inception-v3 weights (the TensorFlow FID network, ported); torch.hub caches them
-# under this file name, which is where torchmetrics would look for them.
-INCEPTION_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
-                 "weights-inception-2015-12-05-6726825d.pth")
+# under this file name, which is where torchmetrics would look for them. By torch.hub's convention the
+# name ends in the first 8 hex digits of the file's sha256.
+TORCH_FIDELITY_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
+                      "weights-inception-2015-12-05-6726825d.pth")
+TORCH_FIDELITY_SHA256_PREFIX = "6726825d"
+# StyleGAN2-ADA's metrics network: the TensorFlow FID graph translated to TorchScript, and the sha256 of
+# that file as the projects that check their download of it (k-diffusion among them) record it.
+STYLEGAN_URL = "https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt"
+STYLEGAN_SHA256 = "f58cb9b6ec323ed63459aa4fb441fe750cfe39fafad6da5cb504a16f19e958f4"
 
 
 def to_uint8(images: Tensor) -> Tensor:
@@ -203,28 +215,95 @@ def read_verified(path: Path) -> dict[str, Any]:
 # --- inception -----------------------------------------------------------------------------------
 
 class InceptionInput(nn.Module):
-    """[-1, 1] images, 1 or 3 channels -> the uint8 RGB batches torch-fidelity's Inception expects."""
+    """[-1, 1] images, 1 or 3 channels -> the uint8 RGB batches both Inception files expect (grayscale
+    replicated to 3 channels; each network resizes to 299x299 itself)."""
 
     def forward(self, images: Tensor) -> Tensor:
         pixels = to_uint8(images)
         return pixels.expand(-1, 3, -1, -1) if pixels.shape[1] == 1 else pixels
 
 
-def inception_features(weights: str | None = None) -> FeatureExtractor:
-    """Inception-v3 pool3 features from a weights file already on disk; never downloads.
+class PoolFeatures(nn.Module):
+    """StyleGAN's TorchScript Inception called as its metrics call it: ``return_features=True`` gives the
+    2,048 pool3 features where a plain call gives the class probabilities."""
 
-    ``weights=None`` looks where torch.hub caches torch-fidelity's download. The one Inception module
-    is built here and handed to FID and KID alike (KID's own constructor cannot take a weights path).
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        return self.net(pixels, return_features=True)
+
+
+def inception_features(weights: str | None = None, sha256: str | None = None) -> FeatureExtractor:
+    """Inception-v3 pool3 features from a file already on disk, checked against its sha256; never downloads.
+
+    ``weights``: StyleGAN's TorchScript ``inception-2015-12-05.pt`` or torch-fidelity's weights (told
+    apart by :func:`is_torchscript`); ``None`` looks where torch.hub caches torch-fidelity's download.
+    ``sha256``: the file's expected digest; ``None`` expects the published file of its kind. The one
+    Inception module is built here and handed to FID and KID alike (KID's own constructor cannot take a
+    weights path).
     """
-    expected = Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_URL.rsplit("/", 1)[1]
-    path = Path(weights).expanduser() if weights else expected
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / TORCH_FIDELITY_URL.rsplit("/", 1)[1]
+    path = Path(weights).expanduser() if weights else cached
     if not path.is_file():
-        raise ConfigError(f"features=inception: no Inception weights at {path}: download {INCEPTION_URL} "
-                          f"to {expected}, or pass inception_weights=<file>")
-    try:
-        from torchmetrics.image.fid import NoTrainInceptionV3
-        network = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"],
-                                     feature_extractor_weights_path=str(path))
-    except ModuleNotFoundError:
-        raise ConfigError("features=inception needs torch-fidelity: pip install -e '.[inception]'") from None
+        raise ConfigError(f"features=inception: no Inception weights at {path}: download {TORCH_FIDELITY_URL} "
+                          f"to {cached}, or pass inception_weights=<file>, that file or StyleGAN's "
+                          f"inception-2015-12-05.pt ({STYLEGAN_URL})")
+    if path.suffix == ".pkl":  # StyleGAN3's download of the network: a pickle, which runs code when loaded
+        raise ConfigError(f"features=inception: {path} is a pickle (StyleGAN3's inception-2015-12-05.pkl?), which "
+                          f"is never loaded here: give StyleGAN2-ADA's TorchScript inception-2015-12-05.pt "
+                          f"({STYLEGAN_URL})")
+    if is_torchscript(path):
+        network = torchscript_inception(path, sha256)
+    else:
+        network = torch_fidelity_inception(path, sha256)
     return FeatureExtractor("inception", nn.Sequential(InceptionInput(), network), 2048)
+
+
+def is_torchscript(path: Path) -> bool:
+    """Is ``path`` a TorchScript archive? torch.jit.save writes the module's code under ``<name>/code/``
+    in its zip; torch.save's zips, and its older pickles, have no such folder."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.split("/")[1:2] == ["code"] for name in archive.namelist())
+
+
+def check_sha256(path: Path, expected: str, whose: str) -> None:
+    """Refuse ``path`` unless its sha256 starts with ``expected`` (a full digest, or torch.hub's prefix):
+    another file is another feature space, and its FIDs would compare with nothing measured before."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    actual = digest.hexdigest()
+    if not actual.startswith(expected.lower()):
+        raise ConfigError(f"features=inception: {path} has sha256 {actual}, not {expected} ({whose}): give the "
+                          f"file that digest belongs to, or pass inception_sha256={actual} to measure with this one")
+
+
+def torchscript_inception(path: Path, sha256: str | None) -> nn.Module:
+    """StyleGAN's TorchScript Inception (or another file called as it is), verified, then loaded on the CPU."""
+    check_sha256(path, sha256 or STYLEGAN_SHA256,
+                 "inception_sha256" if sha256 else "StyleGAN's inception-2015-12-05.pt")
+    with warnings.catch_warnings():  # "torch.jit.load is deprecated": StyleGAN's network exists only as TorchScript
+        warnings.filterwarnings("ignore", message=".*torch.jit.load.*deprecated.*", category=FutureWarning)
+        net = torch.jit.load(str(path), map_location="cpu")
+    arguments = [argument.name for argument in net.forward.schema.arguments[1:]]  # [0] is self
+    if "return_features" not in arguments:
+        raise ConfigError(f"features=inception: {path} is TorchScript, but its forward({', '.join(arguments)}) "
+                          "takes no return_features: give StyleGAN's inception-2015-12-05.pt, or a network called "
+                          "as it is (uint8 RGB images, return_features=True -> (N, 2048))")
+    return PoolFeatures(net)
+
+
+def torch_fidelity_inception(path: Path, sha256: str | None) -> nn.Module:
+    """torch-fidelity's weights in torchmetrics' Inception-v3, verified first."""
+    if importlib.util.find_spec("torch_fidelity") is None:  # torchmetrics' Inception is torch-fidelity's
+        raise ConfigError("features=inception with torch-fidelity's weights needs torch-fidelity: pip install -e "
+                          "'.[inception]' (StyleGAN's inception-2015-12-05.pt needs nothing more)")
+    check_sha256(path, sha256 or TORCH_FIDELITY_SHA256_PREFIX,
+                 "inception_sha256" if sha256 else "the prefix in torch-fidelity's file name")
+    return NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"],
+                              feature_extractor_weights_path=str(path))

@@ -350,7 +350,7 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
         raise ConfigError(f"features=classifier needs class labels and data={name} has none: use "
                           "features=rotation or features=inception")
     if features == "inception":
-        extractor = inception_features(settings.inception_weights).to(device)
+        extractor = inception_features(settings.inception_weights, settings.inception_sha256).to(device)
     else:
         extractor = classifier_features(features, data_id(data_cfg), images,
                                         labels if features == "classifier" else None, settings.cache_dir,

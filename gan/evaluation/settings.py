@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -19,6 +20,7 @@ class EvalSettings:
     num_real: int  # at most this many real images behind the image metrics
     features: str | None  # classifier | rotation | inception; None: classifier if labelled, else rotation
     inception_weights: str | None  # features=inception: the weights file; None: torch.hub's cache
+    inception_sha256: str | None  # that file's sha256; None: the published file's of its kind
     cache_dir: str  # trained feature classifiers and their checksums
     classifier_steps: int  # training steps of a feature classifier (once per dataset, then cached)
     batch_size: int  # samples per forward pass
@@ -35,4 +37,7 @@ class EvalSettings:
                               "both must be >= 1")
         if settings.features not in (None, *FEATURES):
             raise ConfigError(f"features={settings.features}: use {' | '.join(FEATURES)}")
+        if settings.inception_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", settings.inception_sha256):
+            raise ConfigError(f"inception_sha256={settings.inception_sha256}: give the file's 64 hex digits, as "
+                              "sha256sum prints them, or null for the published file's")
         return settings
