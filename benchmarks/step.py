@@ -382,6 +382,25 @@ def section_a(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, d
     return rows
 
 
+def section_threads(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, device: torch.device) -> list[str]:
+    """Each recipe through train() on 1 thread and on every core, alternating: what a recipe's train.threads
+    should say (a 2-core machine: OpenMP's second thread pays off only where ops are large enough)."""
+    cores = len(os.sched_getaffinity(0))
+    rows = [f"| recipe | 1 thread | {cores} threads | {cores} threads / 1 thread | the recipe's train.threads |",
+            "|---|---|---|---|---|"]
+    for name, overrides in recipes(folder, mnist).items():
+        if args.recipes and not any(r in name for r in args.recipes):
+            continue
+        cfg = compose_train(*overrides, run_dir=Path("unused"))
+        steps = max(10, min(args.steps, int(3000 / bare_ms(bare_step(cfg, device), 3, device, cores))))
+        ms = alternate(args.rounds, **{str(n): (lambda o=overrides, n=n, k=steps: framework_ms(
+            [*o, f"train.threads={n}"], k, device.type)) for n in (1, cores)})
+        rows.append(f"| {name} ({steps} steps) | {ms['1']:.2f} ms | {ms[str(cores)]:.2f} ms | "
+                    f"**{ms[str(cores)] / ms['1']:.2f}** | {cfg.train.threads or 'null (every core)'} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 class OpCount(TorchDispatchMode):
     """Counts the aten operations dispatched, each a kernel launch (and its dispatch cost) on any device."""
 
@@ -664,6 +683,7 @@ SECTIONS = {
     "a": "The framework's step against a bare PyTorch loop doing the recipe's work",
     "ops": "Operations per generator step: the framework's against the bare loop's",
     "against": "This commit's train() against an earlier commit's",
+    "threads": "Threads per recipe: one against every core",
     "b": "Against pytorch/examples' DCGAN step",
     "e": "Speed options, DCGAN 64x64x3 batch 64 through train()",
     "c": "The detach and freeze decisions (the training step's own code)",
@@ -681,8 +701,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60, help=f"steps per measurement, after {WARMUP} dropped")
-    parser.add_argument("--only", nargs="*", choices=["a", "ops", "b", "c", "d", "f", "l"],
-                        default=["a", "ops", "b", "c", "d", "f", "l"],
+    parser.add_argument("--only", nargs="*", choices=["a", "ops", "threads", "b", "c", "d", "f", "l"],
+                        default=["a", "ops", "threads", "b", "c", "d", "f", "l"],
                         help="sections to run (b includes e)")
     parser.add_argument("--recipes", nargs="*", help="only the recipes whose name contains one of these (a, against)")
     parser.add_argument("--against", metavar="COMMIT", help="also time this commit's train() against COMMIT's")
@@ -708,6 +728,8 @@ def main() -> None:
             sections["a"] = section_a(folder, mnist, args, device)
         if "ops" in args.only:
             sections["ops"] = section_ops(folder, mnist, args, device)
+        if "threads" in args.only and device.type == "cpu":
+            sections["threads"] = section_threads(folder, mnist, args, device)
         if args.against:
             sections["against"] = section_against(args.against, folder, mnist, args)
         if "b" in args.only:
