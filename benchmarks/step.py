@@ -1,7 +1,7 @@
 """How fast is a training step? The framework against bare PyTorch, against earlier code, and against
 pytorch/examples' DCGAN.
 
-Usage: python benchmarks/step.py [--device cpu|cuda] [--rounds 5] [--steps 60] [--only a b c d f]
+Usage: python benchmarks/step.py [--device cpu|cuda] [--rounds 5] [--steps 60] [--only a ops threads ...]
                                  [--recipes ring ...] [--against COMMIT] [--threads N] [--write docs/benchmarks.md]
 
 Variants alternate round by round in one process (``--against``: in fresh processes, alternately), so
@@ -19,7 +19,11 @@ that includes the recipe's logging steps (what a user pays), and comparisons are
 (d) evaluation under no_grad vs with autograd: time and memory held;
 (e) each speed option alone and combined vs fp32 eager, through ``train``: bf16 autocast
     (``trainer.precision=bf16-mixed``), ``train.channels_last=true``, ``train.compile=true``;
-(f) the cost of the per-phase timing itself: ``timing.enabled`` true vs false.
+(f) the cost of the per-phase timing itself: ``timing.enabled`` true vs false;
+(threads) each recipe on one thread against every core; (compile) ``train.compile`` against eager per
+    recipe, the cold compile included; (variants) what width, batch or precision would buy the default
+    recipe's step; (l) Lightning's own per-step cost, apart from any network, and the GPU probe
+    ``train()`` turns off.
 
 ``--write`` puts each section into its generated block of the file (tools/blocks.py), stamped with
 the command, the commit and the machine.
@@ -76,10 +80,14 @@ def compose_train(*overrides: str, run_dir: Path) -> DictConfig:
 
 
 class StepClock(L.Callback):
-    """The time at the end of every generator step."""
+    """The time training starts, and the time at the end of every generator step."""
 
     def __init__(self) -> None:
+        self.start = 0.0
         self.ends: list[float] = []
+
+    def on_train_start(self, *args: object) -> None:
+        self.start = time.perf_counter()
 
     def on_train_batch_end(self, *args: object) -> None:
         self.ends.append(time.perf_counter())
@@ -398,6 +406,51 @@ def section_threads(folder: Path, mnist: tuple[Path, str], args: argparse.Namesp
         rows.append(f"| {name} ({steps} steps) | {ms['1']:.2f} ms | {ms[str(cores)]:.2f} ms | "
                     f"**{ms[str(cores)] / ms['1']:.2f}** | {cfg.train.threads or 'null (every core)'} |")
         print(rows[-1], flush=True)
+    torch.set_num_threads(DEFAULT_THREADS)  # train.threads set them for the process: the next sections start afresh
+    return rows
+
+
+# What a change to the default recipe would buy in step time (docs/results.md has what each gave in FID).
+DIGITS_VARIANTS = {"the recipe (width 64, batch 64, fp32)": [], "model.width=48": ["model.width=48"],
+                   "model.width=32": ["model.width=32"], "data.batch_size=32": ["data.batch_size=32"],
+                   "trainer.precision=bf16-mixed": ["trainer.precision=bf16-mixed"]}
+
+
+def section_variants(args: argparse.Namespace, device: torch.device) -> list[str]:
+    """The default recipe's bare step under each variant, alternating: what width, batch or precision buy."""
+    steps = {name: bare_step(compose_train("experiment=digits", *o, run_dir=Path("unused")), device)
+             for name, o in DIGITS_VARIANTS.items()}
+    ms = alternate(args.rounds, **{name: (lambda s=s: bare_ms(s, 20, device)) for name, s in steps.items()})
+    recipe = next(iter(DIGITS_VARIANTS))
+    rows = ["| digits recipe, bare step | ms | against the recipe |", "|---|---|---|"]
+    rows += [f"| {name} | {ms[name]:.1f} | **{ms[name] / ms[recipe]:.2f}** |" for name in DIGITS_VARIANTS]
+    print("\n".join(rows), flush=True)
+    return rows
+
+
+def compiled_ms(overrides: list[str], steps: int, device: str) -> tuple[float, float]:
+    """(seconds from the start of training to the end of its first step, mean ms per later step) of train()."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose_train(*overrides, f"trainer.max_steps={steps + WARMUP}",
+                            f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", run_dir=Path(tmp) / "run")
+        clock = StepClock()
+        train(cfg, [clock])
+        return clock.ends[0] - clock.start, (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e3 / (len(clock.ends) - WARMUP)
+
+
+def section_compile(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, device: torch.device) -> list[str]:
+    """train.compile=true (G, and D where no double backward runs) against eager, per recipe: the first
+    step's time (the cold compile) and the steady step. One round each: a compile costs tens of seconds."""
+    rows = ["| recipe | eager: first step, then per step | compiled: first step, then per step | compiled / eager |",
+            "|---|---|---|---|"]
+    for name, overrides in recipes(folder, mnist).items():
+        if args.recipes and not any(r in name for r in args.recipes) or "folder" in name:  # folder: section e
+            continue
+        eager = compiled_ms(overrides, args.steps, device.type)
+        compiled = compiled_ms([*overrides, "train.compile=true"], args.steps, device.type)
+        rows.append(f"| {name} | {eager[0]:.1f} s, {eager[1]:.2f} ms | {compiled[0]:.1f} s, {compiled[1]:.2f} ms | "
+                    f"**{compiled[1] / eager[1]:.2f}** |")
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -684,6 +737,8 @@ SECTIONS = {
     "ops": "Operations per generator step: the framework's against the bare loop's",
     "against": "This commit's train() against an earlier commit's",
     "threads": "Threads per recipe: one against every core",
+    "compile": "train.compile against eager, per recipe",
+    "variants": "What a change to the default recipe buys in step time",
     "b": "Against pytorch/examples' DCGAN step",
     "e": "Speed options, DCGAN 64x64x3 batch 64 through train()",
     "c": "The detach and freeze decisions (the training step's own code)",
@@ -701,9 +756,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60, help=f"steps per measurement, after {WARMUP} dropped")
-    parser.add_argument("--only", nargs="*", choices=["a", "ops", "threads", "b", "c", "d", "f", "l"],
-                        default=["a", "ops", "threads", "b", "c", "d", "f", "l"],
-                        help="sections to run (b includes e)")
+    parser.add_argument("--only", nargs="*", choices=[k for k in SECTIONS if k not in ("e", "against")],
+                        default=["a", "ops", "threads", "variants", "b", "c", "d", "f", "l"],
+                        help="sections to run (b includes e; compile only when named)")
     parser.add_argument("--recipes", nargs="*", help="only the recipes whose name contains one of these (a, against)")
     parser.add_argument("--against", metavar="COMMIT", help="also time this commit's train() against COMMIT's")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for everything measured here")
@@ -730,6 +785,8 @@ def main() -> None:
             sections["ops"] = section_ops(folder, mnist, args, device)
         if "threads" in args.only and device.type == "cpu":
             sections["threads"] = section_threads(folder, mnist, args, device)
+        if "compile" in args.only:
+            sections["compile"] = section_compile(folder, mnist, args, device)
         if args.against:
             sections["against"] = section_against(args.against, folder, mnist, args)
         if "b" in args.only:
@@ -742,6 +799,8 @@ def main() -> None:
         sections["f"] = section_f(args, device)
     if "l" in args.only:
         sections["l"] = section_l(args)
+    if "variants" in args.only:
+        sections["variants"] = section_variants(args, device)
     if args.write:
         for key, rows in sections.items():
             body = [f"### {SECTIONS[key]}", "", header, "", *rows]
