@@ -2,7 +2,7 @@
 own process, timed (wall and CPU seconds), with the metrics evaluate.py writes.
 
 Usage: python benchmarks/default_run.py [--write docs/results.md] [--samples docs/digits_samples.png]
-                                        [-- extra train.py overrides]
+                                        [--readme README.md] [-- extra train.py overrides]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="put the table into this markdown file's default-run block")
     parser.add_argument("--samples", type=Path, help="copy the run's last sample grid (PNG) here")
+    parser.add_argument("--readme", type=Path, help="put the time and the FID in one sentence into this file's block")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,6 +57,12 @@ def main() -> None:
         command = "python benchmarks/default_run.py " + " ".join(sys.argv[1:])
         write_block(args.write, "default-run", table, command, ["gan", "configs", "train.py", "evaluate.py"])
         print(f"wrote {args.write}")
+    if args.readme:  # the front page says how long the default run takes, from this measurement alone
+        sentence = (f"On the 2-core CPU of this project's development machine, `python train.py` took "
+                    f"**{train_wall / 60:.1f} minutes** ({train_cpu:.0f} s of CPU time) and scored a FID of "
+                    f"{metrics['fid']:.2f} ([docs/results.md](docs/results.md#default-run-python-trainpy)).")
+        write_block(args.readme, "default-run-time", sentence, "python benchmarks/default_run.py " +
+                    " ".join(sys.argv[1:]), ["gan", "configs", "train.py", "evaluate.py"])
     if args.samples:  # after the block: the stamp's commit describes the code, not this output
         args.samples.write_bytes(grid)
 
