@@ -747,8 +747,7 @@ SECTIONS = {
     "l": "What Lightning's own loop costs per step",
 }
 # The callbacks train() registers for a plain run (gan/training/builder.py): what every Lightning hook visits.
-OWN_CALLBACKS = ["RNGState", "NonFiniteGuard", "GeneratorStepCheckpoint", "GeneratorSnapshot", "SampleLogger",
-                 "StepTimer"]
+OWN_CALLBACKS = ["RNGState", "NonFiniteGuard", "GeneratorStepCheckpoint", "SampleLogger", "StepTimer"]
 
 
 def main() -> None:

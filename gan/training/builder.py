@@ -17,6 +17,7 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.model_summary import ModelSummary
 from omegaconf import DictConfig, OmegaConf
 
 from gan.core import snapshot
@@ -34,7 +35,6 @@ from gan.evaluation.pictures import real_points_for_plot
 from gan.evaluation.settings import EvalSettings
 from gan.training.audit import AutogradAudit
 from gan.training.callbacks import (
-    GeneratorSnapshot,
     GeneratorStepCheckpoint,
     GeneratorStepProgressBar,
     MetricsLogger,
@@ -211,6 +211,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     guard = NonFiniteGuard(cfg.train.skip_nonfinite)
     module.before_logging.append(lambda: guard.read(module))  # a bad update stops the run before it is logged
     checkpoints = GeneratorStepCheckpoint(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
+                                          run_dir / snapshot.FILE,
                                           before_save=lambda: guard.read(module))  # no checkpoint after a bad update
     callbacks: list[L.Callback] = [
         *extra_callbacks,
@@ -218,7 +219,6 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         RNGState(),
         guard,
         checkpoints,
-        GeneratorSnapshot(run_dir / snapshot.FILE),
         SampleLogger(cfg.log.sample_every, run_dir / "samples",
                      real_points_for_plot(datamodule.dataset) if points else None,
                      mixture_means(cfg.data.name) if points else None),
@@ -241,12 +241,16 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
         callbacks=callbacks,
         default_root_dir=str(run_dir),
         enable_checkpointing=False,  # GeneratorStepCheckpoint does it
+        # Printed once below instead: Lightning's ModelSummary callback would be visited at every hook of every step.
+        enable_model_summary=False,
         log_every_n_steps=1,  # the module decides when to log (log.every generator steps)
         use_distributed_sampler=False,  # StepBatchSampler shards the data per rank itself
         num_sanity_val_steps=0,
         plugins=[AtomicCheckpointIO(), *slurm_without_requeue()],
         **trainer_args,
     )
+    if trainer.is_global_zero:
+        log.info(f"networks:\n{ModelSummary(module, max_depth=1)}")
     with warnings.catch_warnings():
         # The endless, step-indexed sampler resumes its own position; Lightning cannot know that.
         warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch.*")

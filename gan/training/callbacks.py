@@ -49,7 +49,9 @@ STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: 
 
 class GeneratorStepCheckpoint(L.Callback):
     """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, of which the newest ``keep`` stay
-    (0: all); ``last.ckpt`` then, at the end, and when a signal stops the run.
+    (0: all); ``last.ckpt`` then, at the end, and when a signal stops the run. At the end (a stop
+    included), also ``snapshot``: ``<run>/generator.pt``, the sampling generator's weights and what
+    rebuilds it, for use outside training (gan/core/snapshot.py's load_generator); rank 0 writes it.
 
     Written here rather than with Lightning's ModelCheckpoint, which counts Lightning's global step
     (every optimizer step, G and D alike) and, once a periodic checkpoint exists, does not write
@@ -63,8 +65,10 @@ class GeneratorStepCheckpoint(L.Callback):
     (:class:`gan.errors.StoppedAtOnce`), and ends any process Lightning started for other ranks.
     """
 
-    def __init__(self, directory: Path, every: int, keep: int, before_save: Callable[[], None] = lambda: None):
+    def __init__(self, directory: Path, every: int, keep: int, snapshot: Path,
+                 before_save: Callable[[], None] = lambda: None):
         self.directory, self.every, self.keep, self.before_save = Path(directory), every, keep, before_save
+        self.snapshot = Path(snapshot)
         self.saved_step = -1
         self.stop_requested = self.interrupted = False
         self.stop_signal: int | None = None  # the first stopping signal received
@@ -149,6 +153,8 @@ class GeneratorStepCheckpoint(L.Callback):
         step = pl_module.counters.g
         if step != self.saved_step:
             self.save(trainer, step, periodic=False)
+        if trainer.is_global_zero:
+            save_snapshot(self.snapshot, pl_module.snapshot())
 
     def on_exception(self, trainer: L.Trainer, pl_module: GANModule, exception: BaseException) -> None:
         self.restore_handlers()
@@ -219,18 +225,6 @@ class SampleLogger(L.Callback):
                        summary_writer(trainer), self.tag, step,
                        num_classes=pl_module.num_classes, real_points=self.real_points, means=self.means,
                        title=f"generator step {step}", per_class=len(samples), limit=len(samples))
-
-
-class GeneratorSnapshot(L.Callback):
-    """``<run>/generator.pt`` at the end of training (Ctrl-C included): the sampling generator's weights and
-    what rebuilds it, for use outside training (gan/core/snapshot.py's load_generator). Rank 0 writes it."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: GANModule) -> None:
-        if trainer.is_global_zero:
-            save_snapshot(self.path, pl_module.snapshot())
 
 
 def own_rng(device: torch.device) -> AbstractContextManager[Any]:
