@@ -1,16 +1,17 @@
 """Sample quality on the 2D mixtures over many seeds, beside the published table (PacGAN, Table 1).
 
-Usage: python benchmarks/toy.py [--presets ring grid] [--seeds 10] [--jobs 1] [--out outputs/toy] [--reuse]
-                                [--write docs/results.md] [-- extra train.py overrides]
+Usage: python benchmarks/toy.py [--presets ring grid] [--seeds 10] [--jobs 1] [--threads N] [--out outputs/toy]
+                                [--reuse] [--write docs/results.md] [-- extra train.py overrides]
 
 For each preset and seed: ``python train.py experiment=<preset> seed=<s>`` in its own process, timed by
 the wall clock (Python start-up and data generation included: what a user waits for), then ``python
 evaluate.py run_dir=<run>`` with its defaults (2,500 samples of the EMA generator, the protocol of
 docs/protocols.md). ``--jobs N`` runs N seeds side by side, each limited to its share of the CPU cores
-(OMP_NUM_THREADS), so a run's time is still that of a run on its own share. The table gives the mean and
-standard error over seeds of modes captured, the high-quality share and the reverse KL, next to the
-published rows and this project's targets; ``--write`` puts it between the ``toy`` markers of a markdown
-file and copies seed 0's scatter plots next to it.
+(OMP_NUM_THREADS), so a run's time is still that of a run on its own share; ``--threads`` sets that
+number instead (``--jobs 1 --threads 1``: one single-threaded run at a time on a shared machine). The
+table gives the mean and standard error over seeds of modes captured, the high-quality share and the
+reverse KL, next to the published rows and this project's targets; ``--write`` puts it between the
+``toy`` markers of a markdown file and copies seed 0's scatter plots next to it.
 """
 
 from __future__ import annotations
@@ -124,14 +125,15 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 per preset")
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained side by side")
+    parser.add_argument("--threads", type=int, help="threads per run (default: the cores shared among --jobs)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "toy", help="where the runs go")
     parser.add_argument("--reuse", action="store_true", help="keep runs already scored in --out")
     parser.add_argument("--write", type=Path, help="put the table in this markdown file, between the toy markers")
     parser.add_argument("extra", nargs="*", help="train.py overrides for every run (after --)")
     args = parser.parse_args()
-    if args.seeds < 1 or args.jobs < 1:
-        parser.error("--seeds and --jobs must be >= 1")
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    if args.seeds < 1 or args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--seeds, --jobs and --threads must be >= 1")
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
 
     header = (f"`python benchmarks/toy.py {' '.join(sys.argv[1:])}` at commit {commit()}. Machine: "
               f"{machine(torch.device('cpu'))}; {args.jobs} run(s) at a time, {threads} thread(s) each.")
