@@ -36,8 +36,8 @@ from tools.blocks import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # PacGAN (Lin et al., NeurIPS 2018), Table 1: means over 10 trials after 400 epochs over 100,000
-# points: (modes, high-quality share, reverse KL), its five rows per mixture. VEEGAN's numbers for these
-# mixtures come from another protocol (VEEGAN's own paper), so they are not quoted beside these.
+# points: (modes, high-quality share, reverse KL), its five rows per mixture. VEEGAN's table scores these
+# mixtures by a different protocol, so it is not quoted beside them.
 PUBLISHED = {
     "ring": {"GAN": (6.3, 0.982, 0.45), "ALI": (6.6, 0.976, 0.36), "PacGAN2": (7.9, 0.956, 0.07),
              "PacGAN3": (7.8, 0.977, 0.10), "PacGAN4": (7.8, 0.959, 0.07)},
