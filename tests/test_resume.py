@@ -97,7 +97,7 @@ def test_pruning_spares_other_files_and_the_checkpoints_of_a_run_resumed_from(tm
              "last.ckpt", "step_notes.ckpt", "notes.txt"]
     for name in names:
         (tmp_path / name).write_bytes(b"x")
-    GeneratorStepCheckpoint(tmp_path, every=1, keep=2).prune(5)
+    GeneratorStepCheckpoint(tmp_path, every=1, keep=2, snapshot=tmp_path / "generator.pt").prune(5)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["step_000004.ckpt", "step_000005.ckpt", "step_000009.ckpt", "last.ckpt", "step_notes.ckpt", "notes.txt"])
 
