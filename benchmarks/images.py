@@ -1,20 +1,27 @@
-"""How good is the MNIST (and Fashion-MNIST) preset? Train it, score it, and set it beside real data.
+"""How good is the MNIST (and Fashion-MNIST) preset? Train it at several seeds, score it, set it beside real data.
 
 Usage: python benchmarks/images.py [--mnist-root DIR] [--fashion-root DIR] [--split train|test]
-                                   [--run-dir RUN ...] [--num-samples 10000] [--write docs/results.md]
+                                   [--seeds 0 1 2] [--run-dir NAME=RUN ...] [--num-samples 10000]
+                                   [--inception-weights FILE [--inception-sha256 HEX] [--inception-samples N]]
+                                   [--write docs/results.md]
 
 For each dataset whose files are found (``data.root`` as in configs/data/<name>.yaml: the IDX files
 under ``<root>/MNIST/raw/`` or ``<root>/raw/``; absent files are reported and skipped):
 
-1. trains ``python train.py experiment=<name>`` in a fresh run directory (its wall time and the machine's
-   load average are printed), or takes ``--run-dir`` of a run already trained;
-2. scores the run's EMA generator as ``python evaluate.py run_dir=<run> num_samples=<N>`` does (the
-   same function, writing ``<run>/eval/``);
+1. trains ``python train.py experiment=<name> seed=<s>`` for each seed, one run at a time, in a fresh run
+   directory (its wall and CPU time and the machine's load average are printed), or takes the runs
+   named by ``--run-dir`` (repeat a name for several seeds; ``digits=RUN`` scores a run of the digits
+   recipe too);
+2. scores each run's EMA generator as ``python evaluate.py run_dir=<run> num_samples=<N>`` does (the
+   same function, writing ``<run>/eval/``), and reads the D/G balance back from its TensorBoard scalars;
 3. the floor: the same metrics between two disjoint halves of the real images (their own ``class_kl``
-   and ``confident`` are the second half's), and the untrained generator: the run's networks as
-   initialised with the run's seed, before step 1;
-4. prints a markdown table with the targets and whether each is met, and writes it into ``--write``'s
-   generated block ``images`` (tools/blocks.py: stamped with the command, the commit and the machine).
+   and ``confident`` are the second half's), and the untrained generator: the first run's networks as
+   initialised with its seed, before step 1;
+4. with ``--inception-weights``, scores the first seed's run and the floor again in the Inception space
+   (``features=inception``, ``--inception-samples`` generated against as many real images);
+5. prints markdown tables with the targets and whether each is met at each seed, and writes them into
+   ``--write``'s generated block ``images`` (tools/blocks.py: stamped with the command, the commit and
+   the machine).
 
 Targets: classifier-FID at most 10 times the real-data floor, ``class_kl`` <= 0.05 (the predicted
 classes nearly uniform), ``confident`` >= 0.90 (nine samples in ten recognised with probability >= 0.9).
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -33,6 +41,7 @@ from typing import Any
 import lightning as L
 import torch
 from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
@@ -40,14 +49,15 @@ from gan.evaluation.app import evaluate_run, load_module, with_run_classifier_st
 from gan.evaluation.metrics import ImageMetrics, build_metrics, real_images
 from gan.evaluation.sampling import sample_and_score
 from gan.evaluation.settings import EvalSettings
+from gan.training.builder import build_module
 from gan.training.compose import compose
-from gan.training.module import GANModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools.blocks import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("fid", "kid", "precision", "recall", "class_kl", "confident")
+INCEPTION_COLUMNS = COLUMNS[:4]  # Inception's pool features come without the dataset's classes
 FID_FACTOR, MAX_CLASS_KL, MIN_CONFIDENT = 10.0, 0.05, 0.90
 
 
@@ -56,85 +66,146 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def train_preset(name: str, root: str, split: str, run_dir: Path) -> float:
-    """``python train.py experiment=<name>`` into ``run_dir``, as a user runs it; returns its wall time."""
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def train_preset(name: str, root: str, split: str, seed: int, run_dir: Path) -> tuple[float, float]:
+    """``python train.py experiment=<name> seed=<seed>`` into ``run_dir``, as a user runs it; returns its
+    wall and CPU seconds (all threads)."""
     command = [sys.executable, "train.py", f"experiment={name}", f"data.root={root}", f"data.split={split}",
-               f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
+               f"seed={seed}", f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
     print(f"{name}: {' '.join(command[1:])} (load average {load()})", flush=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children_cpu_s()
     subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    seconds = time.perf_counter() - start
-    print(f"{name}: trained in {seconds:.0f} s (load average after: {load()})", flush=True)
-    return seconds
+    seconds, cpu = time.perf_counter() - start, children_cpu_s() - cpu
+    print(f"{name}: trained in {seconds:.0f} s, {cpu:.0f} s CPU (load average after: {load()})", flush=True)
+    return seconds, cpu
 
 
-def evaluate(run_dir: Path, num_samples: int) -> tuple[dict[str, Any], EvalSettings]:
-    """``python evaluate.py run_dir=<run> num_samples=<N>``'s result, and the settings it used."""
-    cfg = compose(f"run_dir={run_dir}", f"num_samples={num_samples}", config="evaluate")
+def evaluate(run_dir: Path, num_samples: int, *overrides: str) -> tuple[dict[str, Any], EvalSettings]:
+    """``python evaluate.py run_dir=<run> num_samples=<N> [overrides]``'s result, and the settings it used."""
+    cfg = compose(f"run_dir={run_dir}", f"num_samples={num_samples}", *overrides, config="evaluate")
     run_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
     return evaluate_run(cfg), EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
 
 
-def references(run_dir: Path, settings: EvalSettings) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """(real-data floor, untrained generator, images in each half), in evaluate.py's feature space for the run.
+def references(run_dir: Path, settings: EvalSettings,
+               untrained: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    """(real-data floor, untrained generator or None, images in each half), in evaluate.py's feature space.
 
     The floor compares the first half of a seeded shuffle of the real images with the second half
     (5,000 against 5,000 out of 10,000): the score a perfect generator would get from a sample of
-    that size. The untrained generator is the run's GANModule built as train.py builds it, from the
+    that size. The untrained generator is the run's module built as train.py builds it, from the
     run's config after seeding with the run's seed: the same weights the run started from.
     """
     module = load_module(run_dir / "checkpoints" / "last.ckpt")
     cfg = module.cfg
     dataset = build_dataset(cfg["data"], cfg["seed"])
-    metrics = build_metrics(cfg["data"], dataset, settings)  # the classifier evaluate.py used (cached)
+    metrics = build_metrics(cfg["data"], dataset, settings)  # the feature network evaluate.py used (cached)
     images, labels = real_images(dataset, settings.num_real)
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
     first, second = order.tensor_split(2)
     halves = ImageMetrics(metrics.extractor, batch_size=settings.batch_size)
     halves.add_real(images[first], labels[first])
     floor = halves.score(images[second], seed=0)
+    if not untrained:
+        return floor, None, len(second)
     L.seed_everything(cfg["seed"], verbose=False)
-    untrained = GANModule(cfg, data_shape(cfg["data"]), module.num_classes)
-    _, step0 = sample_and_score(untrained, metrics, settings, seed=0)
+    _, step0 = sample_and_score(build_module(cfg, data_shape(cfg["data"]), module.num_classes), metrics, settings,
+                                seed=0)
     return floor, step0, len(second)
 
 
-def table(rows: dict[str, dict[str, Any]], floor_fid: float) -> str:
-    """The metrics side by side, then each target against the trained generator's value."""
-    lines = ["| | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-    for label, values in rows.items():
-        lines.append(f"| {label} | " + " | ".join(f"{values[c]:.4g}" for c in COLUMNS) + " |")
-    trained = list(rows.values())[-1]
-    targets = [(f"classifier-FID <= {FID_FACTOR:g} x floor ({FID_FACTOR * floor_fid:.3g})",
-                trained["fid"], trained["fid"] <= FID_FACTOR * floor_fid),
-               (f"class_kl <= {MAX_CLASS_KL}", trained["class_kl"], trained["class_kl"] <= MAX_CLASS_KL),
-               (f"confident >= {MIN_CONFIDENT}", trained["confident"], trained["confident"] >= MIN_CONFIDENT)]
-    lines += ["", "| target | trained generator | |", "|---|---|---|"]
-    lines += [f"| {name} | {value:.4g} | {'met' if ok else '**missed**'} |" for name, value, ok in targets]
-    return "\n".join(lines)
+def balance(run_dir: Path) -> dict[str, float]:
+    """The D/G balance as the run's TensorBoard scalars show it: ``loss/d`` and ``loss/g`` averaged over
+    the last tenth of the logged steps, and D's logit gap ``d/real - d/fake`` over that tenth and over
+    the tenth that ends a third of the way in. D winning outright shows as a gap that keeps growing."""
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    series = {tag: [s.value for s in events.Scalars(tag)] for tag in ("loss/d", "loss/g", "d/real", "d/fake")}
+    n = len(series["loss/d"])
+    tenth = max(1, n // 10)
+
+    def mean(tag: str, end: int) -> float:
+        values = series[tag][max(0, end - tenth):end]
+        return sum(values) / len(values)
+
+    return {"loss_d": mean("loss/d", n), "loss_g": mean("loss/g", n),
+            "gap_third": mean("d/real", n // 3) - mean("d/fake", n // 3),
+            "gap_end": mean("d/real", n) - mean("d/fake", n)}
 
 
-def benchmark(name: str, root: str, split: str, run_dir: Path | None, num_samples: int) -> str:
+def metrics_table(rows: dict[str, dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> list[str]:
+    lines = ["| | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    return lines + [f"| {label} | " + " | ".join(f"{values[c]:.4g}" for c in columns) + " |"
+                    for label, values in rows.items()]
+
+
+def targets_table(trained: dict[int, dict[str, Any]], floor_fid: float) -> list[str]:
+    """Each target against each seed's trained generator."""
+    targets = [(f"classifier-FID <= {FID_FACTOR:g} x floor ({FID_FACTOR * floor_fid:.3g})", "fid",
+                lambda v: v <= FID_FACTOR * floor_fid),
+               (f"class_kl <= {MAX_CLASS_KL}", "class_kl", lambda v: v <= MAX_CLASS_KL),
+               (f"confident >= {MIN_CONFIDENT}", "confident", lambda v: v >= MIN_CONFIDENT)]
+    lines = ["| target | " + " | ".join(f"seed {s}" for s in trained) + " |", "|---" * (len(trained) + 1) + "|"]
+    for name, column, ok in targets:
+        cells = [f"{v[column]:.4g} {'met' if ok(v[column]) else '**missed**'}" for v in trained.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def balance_table(balances: dict[int, dict[str, float]]) -> list[str]:
+    lines = ["| seed | loss/d, last tenth | loss/g, last tenth | D's logit gap, a third in | the gap, last tenth |",
+             "|---|---|---|---|---|"]
+    return lines + [f"| {s} | {b['loss_d']:.3f} | {b['loss_g']:.3f} | {b['gap_third']:.2f} | {b['gap_end']:.2f} |"
+                    for s, b in balances.items()]
+
+
+def benchmark(name: str, root: str, split: str, seeds: list[int], run_dirs: list[Path], num_samples: int,
+              inception: list[str], inception_samples: int) -> str:
     """One dataset's markdown section; where its files are absent, one line saying so (nothing crashes)."""
-    cfg = compose(f"experiment={name}", f"data.root={root}", f"data.split={split}")
+    data = [f"data.root={root}", f"data.split={split}"] if name != "digits" else []  # digits: built in
+    cfg = compose(f"experiment={name}", *data)
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     try:
         build_dataset(data_cfg, cfg.seed)
     except ConfigError as e:
         print(f"{name}: skipped: {e}")
         return f"**{name}**: not measured ({e})."
-    wall = None
-    if run_dir is None:
-        run_dir = ROOT / "outputs" / "benchmarks" / f"{name}-{split}-{time.strftime('%Y%m%d-%H%M%S')}"
-        wall = train_preset(name, root, split, run_dir)
-    trained, settings = evaluate(run_dir, num_samples)
-    floor, step0, half = references(run_dir, settings)
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    todo = run_dirs or [ROOT / "outputs" / "benchmarks" / f"{name}-{split}-{stamp}-seed{s}" for s in seeds]
+    to_train = seeds if not run_dirs else [None] * len(todo)
+    trained, rows, balances, run_dirs = {}, {}, {}, []
+    for seed, run_dir in zip(to_train, todo):
+        # Each seed trains alone and is scored before the next starts: its time is its own.
+        timing = ""
+        if seed is not None:
+            wall, cpu = train_preset(name, root, split, seed, run_dir)
+            timing = f" (trained in {wall:.0f} s wall, {cpu:.0f} s CPU)"
+        result, settings = evaluate(run_dir, num_samples)
+        seed = int(OmegaConf.load(run_dir / ".hydra" / "config.yaml").seed)
+        print(f"{name} seed {seed}: " + ", ".join(f"{c} {result[c]:.4g}" for c in COLUMNS), flush=True)
+        trained[seed], balances[seed] = result, balance(run_dir)
+        rows[f"`experiment={name} seed={seed}`, EMA generator, step {result['step']:,}{timing}"] = result
+        run_dirs.append(run_dir)
+    floor, step0, half = references(run_dirs[0], settings)
     rows = {f"real data, two halves ({half:,} vs {half:,}): the floor": floor,
-            "untrained generator (step 0)": step0,
-            f"`experiment={name}`, EMA generator, step {trained['step']:,}": trained}
-    header = (f"**{name}** ({split} split), {num_samples:,} samples, seed {trained['seed']}, "
-              f"`{trained['features']}` features" + (f"; trained in {wall:.0f} s" if wall else "") + ":")
-    return header + "\n\n" + table(rows, floor["fid"])
+            "untrained generator (step 0)": step0, **rows}
+    lines = [f"**{name}** ({split} split), {num_samples:,} samples, sample seed 0, `{result['features']}` features:",
+             "", *metrics_table(rows), "", *targets_table(trained, floor["fid"]), "",
+             "D/G balance (TensorBoard scalars read back; non-saturating loss: 1.386 and 0.693 at D's 50/50):", "",
+             *balance_table(balances)]
+    if inception:  # the first seed's run only: Inception-v3 takes about 0.2 s an image on a 2-core CPU
+        overrides = ["features=inception", *inception, f"num_real={inception_samples}"]
+        result, settings = evaluate(run_dirs[0], inception_samples, *overrides)
+        floor, _, half = references(run_dirs[0], settings, untrained=False)
+        rows = {f"real data, two halves ({half:,} vs {half:,}): the floor": floor,
+                f"seed {result['seed']}'s run, EMA generator, step {result['step']:,}": result}
+        lines += ["", f"The first seed's run in the Inception space ({inception_samples:,} samples against as many "
+                  f"real images; {' '.join(inception)}):", "", *metrics_table(rows, INCEPTION_COLUMNS)]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -142,15 +213,26 @@ def main() -> None:
     parser.add_argument("--mnist-root", default="data", help="data.root of MNIST (default: data)")
     parser.add_argument("--fashion-root", default="data", help="data.root of Fashion-MNIST (default: data)")
     parser.add_argument("--split", default="train", choices=("train", "test"))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default: 0 1 2)")
     parser.add_argument("--run-dir", nargs="*", default=[], metavar="NAME=RUN",
-                        help="score a trained run instead of training, e.g. mnist=outputs/mnist")
+                        help="score trained runs instead of training, e.g. mnist=outputs/a mnist=outputs/b")
     parser.add_argument("--num-samples", type=int, default=10000)
+    parser.add_argument("--inception-weights", help="also score in the Inception space with this file")
+    parser.add_argument("--inception-sha256", help="that file's sha256, where it is not a published one")
+    parser.add_argument("--inception-samples", type=int, default=1000,
+                        help="samples (and real images) of the Inception score (default: 1000)")
     parser.add_argument("--write", type=Path, default=ROOT / "docs" / "results.md")
     args = parser.parse_args()
-    runs = dict(item.split("=", 1) for item in args.run_dir)
-    text = "\n\n".join(benchmark(name, root, args.split, Path(runs[name]) if name in runs else None,
-                                   args.num_samples)
-                         for name, root in (("mnist", args.mnist_root), ("fashion_mnist", args.fashion_root)))
+    runs: dict[str, list[Path]] = {}
+    for item in args.run_dir:
+        name, run = item.split("=", 1)
+        runs.setdefault(name, []).append(Path(run))
+    inception = [f"inception_weights={args.inception_weights}"] if args.inception_weights else []
+    inception += [f"inception_sha256={args.inception_sha256}"] if args.inception_sha256 and inception else []
+    datasets = [("mnist", args.mnist_root), ("fashion_mnist", args.fashion_root)]
+    datasets += [("digits", "data")] if "digits" in runs else []
+    text = "\n\n".join(benchmark(name, root, args.split, args.seeds, runs.get(name, []), args.num_samples,
+                                 inception, args.inception_samples) for name, root in datasets)
     print(text)
     write_block(args.write, "images", text, "python benchmarks/images.py " + " ".join(sys.argv[1:]), ["gan", "configs"])
     print(f"wrote the table into {args.write}")

