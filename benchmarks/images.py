@@ -10,8 +10,7 @@ under ``<root>/MNIST/raw/`` or ``<root>/raw/``; absent files are reported and sk
 
 1. trains ``python train.py experiment=<name> seed=<s>`` for each seed, one run at a time, in a fresh run
    directory (its wall and CPU time and the machine's load average are printed), or takes the runs
-   named by ``--run-dir`` (repeat a name for several seeds; ``digits=RUN`` scores a run of the digits
-   recipe too);
+   named by ``--run-dir`` (repeat a name for several seeds);
 2. scores each run's EMA generator as ``python evaluate.py run_dir=<run> num_samples=<N>`` does (the
    same function, writing ``<run>/eval/``), and reads the D/G balance back from its TensorBoard scalars;
 3. the floor: the same metrics between two disjoint halves of the real images (their own ``class_kl``
@@ -166,8 +165,7 @@ def balance_table(balances: dict[int, dict[str, float]]) -> list[str]:
 def benchmark(name: str, root: str, split: str, seeds: list[int], run_dirs: list[Path], num_samples: int,
               inception: list[str], inception_samples: int) -> str:
     """One dataset's markdown section; where its files are absent, one line saying so (nothing crashes)."""
-    data = [f"data.root={root}", f"data.split={split}"] if name != "digits" else []  # digits: built in
-    cfg = compose(f"experiment={name}", *data)
+    cfg = compose(f"experiment={name}", f"data.root={root}", f"data.split={split}")
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     try:
         build_dataset(data_cfg, cfg.seed)
@@ -175,21 +173,22 @@ def benchmark(name: str, root: str, split: str, seeds: list[int], run_dirs: list
         print(f"{name}: skipped: {e}")
         return f"**{name}**: not measured ({e})."
     stamp = time.strftime('%Y%m%d-%H%M%S')
-    todo = run_dirs or [ROOT / "outputs" / "benchmarks" / f"{name}-{split}-{stamp}-seed{s}" for s in seeds]
-    to_train = seeds if not run_dirs else [None] * len(todo)
-    trained, rows, balances, run_dirs = {}, {}, {}, []
-    for seed, run_dir in zip(to_train, todo):
+    # (seed to train, run directory): the runs given, else a fresh one per seed.
+    plan = ([(None, run_dir) for run_dir in run_dirs]
+            or [(s, ROOT / "outputs" / "benchmarks" / f"{name}-{split}-{stamp}-seed{s}") for s in seeds])
+    trained, rows, balances = {}, {}, {}
+    for train_seed, run_dir in plan:
         # Each seed trains alone and is scored before the next starts: its time is its own.
         timing = ""
-        if seed is not None:
-            wall, cpu = train_preset(name, root, split, seed, run_dir)
+        if train_seed is not None:
+            wall, cpu = train_preset(name, root, split, train_seed, run_dir)
             timing = f" (trained in {wall:.0f} s wall, {cpu:.0f} s CPU)"
         result, settings = evaluate(run_dir, num_samples)
         seed = int(OmegaConf.load(run_dir / ".hydra" / "config.yaml").seed)
         print(f"{name} seed {seed}: " + ", ".join(f"{c} {result[c]:.4g}" for c in COLUMNS), flush=True)
         trained[seed], balances[seed] = result, balance(run_dir)
         rows[f"`experiment={name} seed={seed}`, EMA generator, step {result['step']:,}{timing}"] = result
-        run_dirs.append(run_dir)
+    run_dirs = [run_dir for _, run_dir in plan]
     floor, step0, half = references(run_dirs[0], settings)
     rows = {f"real data, two halves ({half:,} vs {half:,}): the floor": floor,
             "untrained generator (step 0)": step0, **rows}
@@ -230,7 +229,6 @@ def main() -> None:
     inception = [f"inception_weights={args.inception_weights}"] if args.inception_weights else []
     inception += [f"inception_sha256={args.inception_sha256}"] if args.inception_sha256 and inception else []
     datasets = [("mnist", args.mnist_root), ("fashion_mnist", args.fashion_root)]
-    datasets += [("digits", "data")] if "digits" in runs else []
     text = "\n\n".join(benchmark(name, root, args.split, args.seeds, runs.get(name, []), args.num_samples,
                                  inception, args.inception_samples) for name, root in datasets)
     print(text)
