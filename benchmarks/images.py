@@ -58,6 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("fid", "kid", "precision", "recall", "class_kl", "confident")
 INCEPTION_COLUMNS = COLUMNS[:4]  # Inception's pool features come without the dataset's classes
 FID_FACTOR, MAX_CLASS_KL, MIN_CONFIDENT = 10.0, 0.05, 0.90
+# Healthy balance: D's logit gap over the last tenth under 1, i.e. D's odds of a real image over a fake
+# below e. A D that wins outright ends several logits apart (loss/d near 0); this recipe's, under 0.6.
+MAX_END_GAP = 1.0
 
 
 def load() -> str:
@@ -156,10 +159,10 @@ def targets_table(trained: dict[int, dict[str, Any]], floor_fid: float) -> list[
 
 
 def balance_table(balances: dict[int, dict[str, float]]) -> list[str]:
-    lines = ["| seed | loss/d, last tenth | loss/g, last tenth | D's logit gap, a third in | the gap, last tenth |",
-             "|---|---|---|---|---|"]
-    return lines + [f"| {s} | {b['loss_d']:.3f} | {b['loss_g']:.3f} | {b['gap_third']:.2f} | {b['gap_end']:.2f} |"
-                    for s, b in balances.items()]
+    lines = ["| seed | loss/d, last tenth | loss/g, last tenth | D's logit gap, a third in | the gap, last tenth "
+             f"| healthy (gap < {MAX_END_GAP:g} at the end) |", "|---|---|---|---|---|---|"]
+    return lines + [f"| {s} | {b['loss_d']:.3f} | {b['loss_g']:.3f} | {b['gap_third']:.2f} | {b['gap_end']:.2f} "
+                    f"| {'yes' if b['gap_end'] < MAX_END_GAP else '**no**'} |" for s, b in balances.items()]
 
 
 def benchmark(name: str, root: str, split: str, seeds: list[int], run_dirs: list[Path], num_samples: int,
