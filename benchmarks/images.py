@@ -59,7 +59,7 @@ COLUMNS = ("fid", "kid", "precision", "recall", "class_kl", "confident")
 INCEPTION_COLUMNS = COLUMNS[:4]  # Inception's pool features come without the dataset's classes
 FID_FACTOR, MAX_CLASS_KL, MIN_CONFIDENT = 10.0, 0.05, 0.90
 # Healthy balance: D's logit gap over the last tenth under 1, i.e. D's odds of a real image over a fake
-# below e. A D that wins outright ends several logits apart (loss/d near 0); this recipe's, under 0.6.
+# below e. A D that wins outright ends several logits apart (loss/d near 0); this recipe's, about 0.3.
 MAX_END_GAP = 1.0
 
 
