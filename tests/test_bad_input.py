@@ -55,6 +55,9 @@ CONFIG_ERRORS = {
     ("model.width=0",): "error: model.width=0: it must be >= 1 (model=dcgan's channels at its widest resolution)",
     ("experiment=ring", "model.hidden=0"): "error: model.hidden=0: it must be >= 1 (model=mlp's units per hidden "
                                            "layer)",
+    ("model.d_condition=projection",): "error: unknown model.d_condition 'projection': use model.d_condition=input "
+                                       "(labels beside D's input) or model.d_condition=classifier (D predicts them, "
+                                       "AC-GAN)",
     ("trainer.devices=0",): "error: trainer.devices=0: it must be >= 1 (devices per node; -1: all of them; or auto, or "
                             "a list of device indices)",
     ("trainer.num_nodes=0",): "error: trainer.num_nodes=0: it must be >= 1 (machines the run spans)",

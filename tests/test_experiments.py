@@ -101,10 +101,13 @@ def test_image_presets_build_a_gan_for_their_data(tmp_path, name, folder, shape)
         make_mnist_split(tmp_path / folder / "raw", "t10k", 8)
         images, _ = build_dataset(container["data"], cfg.seed).tensors
         assert images.shape == (8, *shape)
-    module = build_module(container, data_shape(container["data"]))
+    # MNIST's: an AC-GAN, whose D sees the image alone and names its class (docs/results.md)
+    classes = 10 if folder else 0
+    assert (cfg.model.conditional, cfg.model.d_condition) == ((True, "classifier") if folder else (False, "input"))
+    module = build_module(container, data_shape(container["data"]), classes)
     with torch.no_grad():
-        fake = module.G(torch.randn(4, cfg.train.z_dim))
-        assert fake.shape == (4, *shape) and module.D(fake).shape[0] == 4
+        fake = module.G(torch.randn(4, cfg.train.z_dim), torch.arange(4) if folder else None)
+        assert fake.shape == (4, *shape) and module.D(fake).shape == ((4, 11) if folder else (4,))
     if folder:  # the ring's rates: FID 2.0 against 8.6 with DCGAN's 2e-4 at 4,000 steps (docs/results.md)
         (opt_g, opt_d), _ = module.configure_optimizers()
         assert [(o.param_groups[0]["lr"], tuple(o.param_groups[0]["betas"])) for o in (opt_g, opt_d)] == [

@@ -91,6 +91,7 @@ RECIPES = {
     "EMA off": ["ema.enabled=false"],
     "wgan_gp, 5 D updates": ["loss=wgan_gp"],
     "conditional": ["model.conditional=true"],
+    "AC-GAN": ["model.conditional=true", "model.d_condition=classifier"],
     "skip_nonfinite": ["train.skip_nonfinite=true"],
 }
 

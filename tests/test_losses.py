@@ -75,3 +75,21 @@ def test_gradient_penalty_of_a_linear_critic():
 def test_unknown_loss_is_a_config_error():
     with pytest.raises(ConfigError, match="loss=nonsaturating"):
         get_loss("nope")
+
+
+def test_ac_gan_adds_the_class_cross_entropy_to_both_losses():
+    """A classifying D's output is its real/fake logit, then class logits; here D passes its input through,
+    so each row is what D says: real [2 | 1, -1] and fake [0.5 | 0, 3], both of class 0."""
+    from gan.core.objective import Objective
+    from gan.core.regularizers import build_regularizer
+
+    objective = Objective(get_loss("nonsaturating"), build_regularizer({"name": "none"}), num_classes=2,
+                          data_shape=(3,), classify=True)
+    D, labels = torch.nn.Identity(), torch.tensor([0])
+    real, fake = torch.tensor([[2.0, 1.0, -1.0]]), torch.tensor([[0.5, 0.0, 3.0]])
+    d_loss, real_logits, fake_logits = objective.d_loss(D, real, fake, labels)
+    # -log sigmoid(2) - log(1 - sigmoid(0.5)), then -log softmax(1, -1)[0] and -log softmax(0, 3)[0]
+    assert d_loss.item() == pytest.approx(softplus(-2) + softplus(0.5) + softplus(-2) + softplus(3), rel=1e-6)
+    assert real_logits.tolist() == [2.0] and fake_logits.tolist() == [0.5]  # what is logged: the real/fake logit
+    # -log sigmoid(0.5), and D naming class 0 of the fake: -log softmax(0, 3)[0]
+    assert objective.g_loss(D, fake, labels).item() == pytest.approx(softplus(-0.5) + softplus(3), rel=1e-6)

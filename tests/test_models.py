@@ -42,6 +42,13 @@ def test_conditional_models_take_labels_and_condition_maps(model, shape):
     assert d(torch.cat((condition, fake), dim=1)).shape == (3,)
 
 
+@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (MLP, (2,))])
+def test_a_classifying_d_sees_the_sample_alone_and_scores_it_and_its_class(model, shape):
+    g, d = build_models(model | {"d_condition": "classifier"}, z_dim=6, shape=shape, num_classes=10)
+    fake = g(torch.randn(3, 6), torch.tensor([0, 3, 9]))
+    assert d(fake).shape == (3, 11)  # no condition channels in; the real/fake logit and 10 class logits out
+
+
 def test_spectral_norm_keeps_its_power_iteration_vector_in_buffers():
     _, d = build_models(DCGAN | {"spectral_norm": True}, z_dim=4, shape=(1, 16, 16))
     buffers = dict(d.named_buffers())
@@ -56,3 +63,5 @@ def test_unsupported_combinations_are_config_errors():
         build_models(DCGAN, z_dim=4, shape=(1, 2, 2))
     with pytest.raises(ConfigError, match="unknown model"):
         build_models({"name": "resnet"}, z_dim=4, shape=(2,))
+    with pytest.raises(ConfigError, match="model.d_condition=classifier"):
+        build_models(MLP | {"d_condition": "projection"}, z_dim=4, shape=(2,), num_classes=3)

@@ -53,12 +53,15 @@ def same(a: dict, b: dict) -> bool:
         for k, x in a.items())
 
 
-@pytest.mark.parametrize("conditional", [False, True])
+@pytest.mark.parametrize("conditional", [[], ["model.conditional=true"],
+                                         ["model.conditional=true", "model.d_condition=classifier"]],
+                         ids=["unconditional", "labels into D", "D classifies"])
 def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
-    """The split holds for the conditional D too, whose input is torch.cat((condition, fake.detach()), 1)."""
+    """The split holds for the conditional D too, whose input is torch.cat((condition, fake.detach()), 1),
+    and for AC-GAN's D, whose class prediction on fake.detach() is in D's loss and on fake in G's."""
     from omegaconf import OmegaConf
 
-    cfg = compose_config("debug=tiny", "audit=false", f"model.conditional={conditional}", run_dir=tmp_path)
+    cfg = compose_config("debug=tiny", "audit=false", *conditional, run_dir=tmp_path)
     module = build_module(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)),
                           10 if conditional else 0)
     user_frozen = module.D.net[0].weight

@@ -1,8 +1,10 @@
 """Generators and discriminators: ``mlp`` (2D data and flattened images) and ``dcgan``.
 
-A conditional discriminator does not take labels itself: the training step builds its input as
-``torch.cat((condition, x), dim=1)`` so the detach of ``x`` is visible where it happens. Its input
-width therefore includes ``num_classes`` condition channels.
+A conditional discriminator does not take labels itself. With ``d_condition: input`` (Mirza and Osindero
+2014) the training step builds its input as ``torch.cat((condition, x), dim=1)``, so the detach of ``x``
+is visible where it happens, and its input width includes ``num_classes`` condition channels. With
+``d_condition: classifier`` (AC-GAN, Odena et al. 2017) it sees the image alone and outputs
+``1 + num_classes`` numbers: its real/fake logit, then logits over the classes.
 """
 
 from __future__ import annotations
@@ -69,17 +71,20 @@ class MLPGenerator(nn.Module):
 
 
 class MLPDiscriminator(nn.Module):
-    def __init__(self, in_features: int, hidden: int, layers: int):
+    def __init__(self, in_features: int, hidden: int, layers: int, outputs: int = 1):
         super().__init__()
         dims = [in_features] + [hidden] * layers
         blocks: list[nn.Module] = [nn.Flatten()]
         for a, b in zip(dims[:-1], dims[1:]):
             blocks += [nn.Linear(a, b), nn.LeakyReLU(0.2)]
-        blocks.append(nn.Linear(dims[-1], 1))
+        blocks.append(nn.Linear(dims[-1], outputs))
         self.net = nn.Sequential(*blocks)
+        self.outputs = outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).view(-1)
+        """(N,) logits, or (N, outputs) for more than one output."""
+        out = self.net(x)
+        return out.view(-1) if self.outputs == 1 else out
 
 
 class DCGANGenerator(nn.Module):
@@ -110,9 +115,10 @@ class DCGANGenerator(nn.Module):
 
 
 class DCGANDiscriminator(nn.Module):
-    """n strided convolutions halve the image to (start x start); one convolution gives the score."""
+    """n strided convolutions halve the image to (start x start); one convolution gives the score: (N,), or
+    (N, outputs) for more than one output."""
 
-    def __init__(self, in_channels: int, image_size: int, width: int, batchnorm: bool = True):
+    def __init__(self, in_channels: int, image_size: int, width: int, batchnorm: bool = True, outputs: int = 1):
         super().__init__()
         start, n = resolution_plan(image_size)
         blocks: list[nn.Module] = []
@@ -124,7 +130,7 @@ class DCGANDiscriminator(nn.Module):
                 blocks.append(nn.BatchNorm2d(out))
             blocks.append(nn.LeakyReLU(0.2))
             channels = out
-        blocks += [nn.Conv2d(channels, 1, start), nn.Flatten(0)]
+        blocks += [nn.Conv2d(channels, outputs, start), nn.Flatten(0 if outputs == 1 else 1)]
         self.net = nn.Sequential(*blocks)
         dcgan_init(self)
 
@@ -165,18 +171,31 @@ def build_generator(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...
     raise ConfigError(f"unknown model '{name}': use model=mlp or model=dcgan")
 
 
+def d_classifies(model_cfg: dict[str, Any]) -> bool:
+    """Whether a conditional D names the class (``d_condition: classifier``) rather than being given it
+    (``input``)."""
+    condition = model_cfg.get("d_condition", "input")
+    if condition not in ("input", "classifier"):
+        raise ConfigError(f"unknown model.d_condition '{condition}': use model.d_condition=input (labels beside "
+                          "D's input) or model.d_condition=classifier (D predicts them, AC-GAN)")
+    return condition == "classifier"
+
+
 def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
                  num_classes: int = 0) -> tuple[nn.Module, nn.Module]:
-    """(G, D) for the ``model`` config group; ``num_classes`` > 0 makes both class-conditional."""
+    """(G, D) for the ``model`` config group; ``num_classes`` > 0 makes both class-conditional, D as
+    ``d_condition`` says (see the module's docstring)."""
     g = build_generator(model_cfg, z_dim, shape, num_classes)  # G first: the random streams draw its weights first
-    condition_channels = num_classes
+    classifier = num_classes > 0 and d_classifies(model_cfg)
+    condition_channels = 0 if classifier else num_classes
+    outputs = 1 + num_classes if classifier else 1
     if model_cfg["name"] == "mlp":
         d_in = (shape[0] + condition_channels) * math.prod(shape[1:])
-        d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"])
+        d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"], outputs)
     else:
         channels, size = shape[0], shape[1]
         d = DCGANDiscriminator(channels + condition_channels, size, model_cfg["width"],
-                               model_cfg.get("d_batchnorm", True))
+                               model_cfg.get("d_batchnorm", True), outputs)
     if model_cfg.get("spectral_norm", False):
         apply_spectral_norm(d)
     return g, d

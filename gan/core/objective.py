@@ -1,6 +1,7 @@
 """What the networks minimise, as one plain PyTorch object built from plain arguments: the adversarial
 loss, the gradient penalty (wgan_gp), a regularizer (R1, LeCam), differentiable augmentation and class
-conditioning. :func:`gan.core.step.generator_step` takes its ``d_loss`` and ``g_loss``.
+conditioning (labels beside D's input, or D's own class prediction: AC-GAN).
+:func:`gan.core.step.generator_step` takes its ``d_loss`` and ``g_loss``.
 
 Its statistics -- running means of D's outputs (logged; LeCam's anchors) and the augmentation
 probability's sign counts -- are buffers, moved only by an explicit :meth:`Objective.observe` after an
@@ -11,6 +12,7 @@ reaches them.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gan.core.augment import Augment
@@ -25,23 +27,30 @@ class Objective(nn.Module):
     """``loss``: the adversarial loss; ``regularizer``: D's penalty (``Regularizer()`` for none);
     ``augment``: applied to everything D sees, real and fake (None: no augmentation); ``gp_weight``: the
     WGAN-GP penalty's weight (0: none); ``num_classes`` > 0: a conditional D, which sees one-hot maps of
-    the labels beside each sample of ``data_shape``."""
+    the labels beside each sample of ``data_shape``, or, with ``classify``, sees the sample alone and
+    names its class (AC-GAN, Odena et al. 2017: D and G both add the cross-entropy of that prediction)."""
 
     def __init__(self, loss: AdversarialLoss, regularizer: Regularizer, augment: Augment | None = None,
-                 gp_weight: float = 0.0, num_classes: int = 0, data_shape: tuple[int, ...] = ()):
+                 gp_weight: float = 0.0, num_classes: int = 0, data_shape: tuple[int, ...] = (),
+                 classify: bool = False):
         super().__init__()
         self.loss, self.regularizer, self.augment = loss, regularizer, augment
         self.gp_weight, self.num_classes, self.data_shape = gp_weight, num_classes, tuple(data_shape)
+        self.classify = classify and num_classes > 0
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
 
-    def critic(self, D: nn.Module, x: Tensor, labels: Tensor | None) -> Tensor:
-        """What D says about ``x``: augmented (when configured), then, for a conditional D,
+    def critic(self, D: nn.Module, x: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """What D says about ``x``: its real/fake logits and, for a classifying D, its class logits (else
+        None). ``x`` is augmented (when configured), then, for a D given the labels,
         ``torch.cat((condition, x), dim=1)``."""
         if self.augment is not None:
             x = self.augment(x)
+        if self.classify:
+            out = D(x)
+            return out[:, 0], out[:, 1:]
         if self.num_classes:
             x = torch.cat((condition_input(labels, self.num_classes, self.data_shape), x), dim=1)
-        return D(x)
+        return D(x), None
 
     def needs_loss_scale(self, d_update: int) -> bool:
         """Whether D update ``d_update`` runs an inner backward (gradient penalty, R1), which float16's
@@ -55,18 +64,23 @@ class Objective(nn.Module):
         input_grad = self.regularizer.needs_input_grad(d_update)
         if input_grad:
             real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
-        real_logits, fake_logits = self.critic(D, real, labels), self.critic(D, fake, labels)
+        (real_logits, real_classes), (fake_logits, fake_classes) = (self.critic(D, x, labels) for x in (real, fake))
         loss = self.loss.d(real_logits, fake_logits)
+        if self.classify:  # D learns to name the class of real images and of G's, each by its label
+            loss = loss + F.cross_entropy(real_classes, labels) + F.cross_entropy(fake_classes, labels)
         if self.gp_weight:
-            penalty = gradient_penalty(lambda x: self.critic(D, x, labels), real, fake, loss_scale)
+            penalty = gradient_penalty(lambda x: self.critic(D, x, labels)[0], real, fake, loss_scale)
             loss = loss + self.gp_weight * penalty
         anchors = (self.d_real_mean.value, self.d_fake_mean.value)
         penalty = self.regularizer.penalty(d_update, real, real_logits, fake_logits, loss_scale, anchors)
         return (loss if penalty is None else loss + penalty), real_logits, fake_logits
 
     def g_loss(self, D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
-        """G's loss: the adversarial loss on D's verdict about ``fake`` (the step has frozen D)."""
-        return self.loss.g(self.critic(D, fake, labels))
+        """G's loss: the adversarial loss on D's verdict about ``fake`` (the step has frozen D), plus, for a
+        classifying D, the cross-entropy of the class D names against the one G was asked for."""
+        logits, classes = self.critic(D, fake, labels)
+        loss = self.loss.g(logits)
+        return loss + F.cross_entropy(classes, labels) if self.classify else loss
 
     @torch.no_grad()
     def observe(self, d: DUpdate) -> None:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from gan.core import snapshot
 from gan.core.augment import build_augment
 from gan.core.losses import get_loss
-from gan.core.models import balanced_labels, build_models
+from gan.core.models import balanced_labels, build_models, d_classifies
 from gan.core.objective import Objective
 from gan.core.phases import PhaseTimer
 from gan.core.regularizers import R1, build_regularizer
@@ -94,7 +94,7 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
     G, D = build_models(cfg["model"], z_dim, shape, classes)
     gp_weight = float(cfg["loss"].get("gp_weight", 0.0))  # wgan_gp's key
     objective = Objective(get_loss(cfg["loss"]["name"]), build_regularizer(cfg["reg"]),
-                          build_augment(cfg["augment"], shape), gp_weight, classes, shape)
+                          build_augment(cfg["augment"], shape), gp_weight, classes, shape, d_classifies(cfg["model"]))
     ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
     images = not is_points(shape)
     channels_last = bool(train["channels_last"]) and images

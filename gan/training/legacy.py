@@ -18,6 +18,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "timing.sync": False,
     "optim.decay": "constant",
     "loss.gp_weight": 0.0,
+    "model.d_condition": "input",
 }
 
 # State moved since: the running means of D's outputs and the augmentation state now live in the

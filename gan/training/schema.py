@@ -44,6 +44,7 @@ class Model:
     name: str = MISSING
     spectral_norm: bool = MISSING
     conditional: bool = MISSING
+    d_condition: str = MISSING
     width: int = MISSING  # dcgan
     d_batchnorm: bool = MISSING
     hidden: int = MISSING  # mlp
