@@ -48,6 +48,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from torch import Tensor, nn
@@ -56,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gan.core.augment import build_augment
 from gan.core.contexts import evaluating
 from gan.core.losses import get_loss
-from gan.core.models import build_models
+from gan.core.models import build_models, condition_input, d_classifies
 from gan.core.phases import PHASES, PhaseTimer
 from gan.data.datasets import build_dataset
 from gan.patterns import gan_step, measure
@@ -155,7 +156,8 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     """One generator step in plain PyTorch doing the recipe's work: the same models (built from the same
     config and seed, in its memory layout), its loss, R1 (with its interval) or LeCam (running means of
     D's outputs as its anchors), gradient penalty, augmentation (the same DiffAugment/ADA operations),
-    ``d_steps`` D updates, its optimizer, betas and learning-rate decay, the EMA generator with its ramp;
+    ``d_steps`` D updates, its class conditioning (labels into G, and into D's input or named by D: AC-GAN),
+    its optimizer, betas and learning-rate decay, the EMA generator with its ramp;
     Adam fused (torch's fastest on a CPU and a GPU); batches indexed from the dataset held on the device;
     and, every ``log.every`` steps, the losses read back, as any loop that prints them must."""
     container = OmegaConf.to_container(cfg, resolve=True)
@@ -163,7 +165,10 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     dataset = build_dataset(container["data"], cfg.seed)
     data = dataset.tensors[0].to(device)
     shape = tuple(data.shape[1:])
-    g, d = (m.to(device) for m in build_models(container["model"], cfg.train.z_dim, shape))
+    classes = int(dataset.tensors[1].max()) + 1 if cfg.model.conditional else 0
+    labels = dataset.tensors[1].to(device) if classes else None
+    classify = classes > 0 and d_classifies(container["model"])
+    g, d = (m.to(device) for m in build_models(container["model"], cfg.train.z_dim, shape, classes))
     if data.dim() == 4 and cfg.train.channels_last:  # images, in the layout the recipe asks for
         g, d = g.to(memory_format=torch.channels_last), d.to(memory_format=torch.channels_last)
         data = data.contiguous(memory_format=torch.channels_last)
@@ -181,16 +186,23 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=cfg.trainer.precision == "bf16-mixed")
     state = {"g": 0, "d": 0, "log": []}
 
-    def critic(x: Tensor) -> Tensor:
-        return d(augment(x) if augment is not None else x)
+    def critic(x: Tensor, y: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        x = augment(x) if augment is not None else x
+        if classify:
+            out = d(x)
+            return out[:, 0], out[:, 1:]
+        return d(x if y is None else torch.cat((condition_input(y, classes, shape), x), 1)), None
 
-    def d_update(real: Tensor, fake: Tensor) -> Tensor:
+    def class_loss(class_logits: Tensor | None, y: Tensor | None) -> Tensor | int:
+        return F.cross_entropy(class_logits, y) if class_logits is not None else 0
+
+    def d_update(real: Tensor, fake: Tensor, y: Tensor | None) -> Tensor:
         r1 = reg["name"] == "r1" and state["d"] % reg["every"] == 0
         if r1:
             real = real.detach().requires_grad_(True)
         with autocast:
-            real_logits, fake_logits = critic(real), critic(fake)
-            loss_d = loss.d(real_logits, fake_logits)
+            (real_logits, real_classes), (fake_logits, fake_classes) = critic(real, y), critic(fake, y)
+            loss_d = loss.d(real_logits, fake_logits) + class_loss(real_classes, y) + class_loss(fake_classes, y)
             if r1:
                 (grad,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
                 loss_d = loss_d + reg["gamma"] / 2 * reg["every"] * grad.pow(2).flatten(1).sum(1).mean()
@@ -200,7 +212,7 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
             if gp_weight:
                 alpha = torch.rand(len(real), *[1] * (real.dim() - 1), device=device)
                 mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
-                (grad,) = torch.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)
+                (grad,) = torch.autograd.grad(critic(mixed, y)[0].sum(), mixed, create_graph=True)
                 loss_d = loss_d + gp_weight * (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
@@ -215,15 +227,18 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     def step() -> None:
         index = torch.randint(len(data), (batch * d_steps,), device=device)
         reals = data[index].chunk(d_steps)
-        for real in reals[:-1]:
+        ys = labels[index].chunk(d_steps) if classes else [None] * d_steps
+        for real, y in zip(reals[:-1], ys[:-1]):
             with torch.no_grad(), autocast:
-                d_update(real, g(torch.randn(batch, z_dim, device=device)))
+                d_update(real, g(torch.randn(batch, z_dim, device=device), y), y)
+        y = ys[-1]
         with autocast:
-            fake = g(torch.randn(batch, z_dim, device=device))
-        loss_d = d_update(reals[-1], fake.detach())
+            fake = g(torch.randn(batch, z_dim, device=device), y)
+        loss_d = d_update(reals[-1], fake.detach(), y)
         d.requires_grad_(False)
         with autocast:
-            loss_g = loss.g(critic(fake))
+            logits, class_logits = critic(fake, y)
+            loss_g = loss.g(logits) + class_loss(class_logits, y)
         opt_g.zero_grad(set_to_none=True)
         loss_g.backward()
         d.requires_grad_(True)
