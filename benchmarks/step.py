@@ -193,16 +193,15 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
             return out[:, 0], out[:, 1:]
         return d(x if y is None else torch.cat((condition_input(y, classes, shape), x), 1)), None
 
-    def class_loss(class_logits: Tensor | None, y: Tensor | None) -> Tensor | int:
-        return F.cross_entropy(class_logits, y) if class_logits is not None else 0
-
     def d_update(real: Tensor, fake: Tensor, y: Tensor | None) -> Tensor:
         r1 = reg["name"] == "r1" and state["d"] % reg["every"] == 0
         if r1:
             real = real.detach().requires_grad_(True)
         with autocast:
             (real_logits, real_classes), (fake_logits, fake_classes) = critic(real, y), critic(fake, y)
-            loss_d = loss.d(real_logits, fake_logits) + class_loss(real_classes, y) + class_loss(fake_classes, y)
+            loss_d = loss.d(real_logits, fake_logits)
+            if classify:  # no adds of zero where there is no class term: every op counts in the ops table
+                loss_d = loss_d + F.cross_entropy(real_classes, y) + F.cross_entropy(fake_classes, y)
             if r1:
                 (grad,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
                 loss_d = loss_d + reg["gamma"] / 2 * reg["every"] * grad.pow(2).flatten(1).sum(1).mean()
@@ -238,7 +237,9 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
         d.requires_grad_(False)
         with autocast:
             logits, class_logits = critic(fake, y)
-            loss_g = loss.g(logits) + class_loss(class_logits, y)
+            loss_g = loss.g(logits)
+            if classify:
+                loss_g = loss_g + F.cross_entropy(class_logits, y)
         opt_g.zero_grad(set_to_none=True)
         loss_g.backward()
         d.requires_grad_(True)
