@@ -59,7 +59,7 @@ from gan.core.contexts import evaluating
 from gan.core.losses import get_loss
 from gan.core.models import build_models, condition_input, d_classifies
 from gan.core.phases import PHASES, PhaseTimer
-from gan.data.datasets import build_dataset
+from gan.data.datasets import build_dataset, num_classes
 from gan.patterns import gan_step, measure
 from gan.training.builder import NVML_CHECK, no_gpu_probe_per_step, train
 from gan.training.compose import compose
@@ -165,7 +165,7 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     dataset = build_dataset(container["data"], cfg.seed)
     data = dataset.tensors[0].to(device)
     shape = tuple(data.shape[1:])
-    classes = int(dataset.tensors[1].max()) + 1 if cfg.model.conditional else 0
+    classes = num_classes(dataset) if cfg.model.conditional else 0
     labels = dataset.tensors[1].to(device) if classes else None
     classify = classes > 0 and d_classifies(container["model"])
     g, d = (m.to(device) for m in build_models(container["model"], cfg.train.z_dim, shape, classes))
