@@ -58,6 +58,9 @@ CONFIG_ERRORS = {
     ("model.d_condition=projection",): "error: unknown model.d_condition 'projection': use model.d_condition=input "
                                        "(labels beside D's input) or model.d_condition=classifier (D predicts them, "
                                        "AC-GAN)",
+    ("model.conditional=true", "model.codes=8"): "error: model.codes=8 with model.conditional=true: G takes the "
+                                                  "data's classes or a latent code, not both: use model.codes=0 or "
+                                                  "model.conditional=false",
     ("trainer.devices=0",): "error: trainer.devices=0: it must be >= 1 (devices per node; -1: all of them; or auto, or "
                             "a list of device indices)",
     ("trainer.num_nodes=0",): "error: trainer.num_nodes=0: it must be >= 1 (machines the run spans)",
@@ -85,6 +88,14 @@ def test_bounds_hold_only_where_the_chosen_option_has_the_key_and_minus_one_devi
     validate(compose_config(*TINY, "trainer.devices=-1"))
     with pytest.raises(ConfigError, match=r"^trainer\.devices=-2: it must be >= 1"):
         validate(compose_config(*TINY, "trainer.devices=-2"))
+
+
+def test_a_latent_code_beside_the_datas_labels_is_refused_and_either_fix_it_names_passes():
+    both = ("model.conditional=true", "model.codes=8")
+    with pytest.raises(ConfigError, match="not both"):
+        validate(compose_config(*TINY, *both))
+    for fix in ("model.codes=0", "model.conditional=false"):
+        validate(compose_config(*TINY, *both, fix))
 
 
 def test_the_lines_a_run_ends_with_can_be_pasted_when_its_directory_has_a_space(tmp_path, capsys):

@@ -42,7 +42,7 @@ def conditional_digits_run(tmp_path_factory, feature_cache) -> Path:
 def conditional_ring_run(tmp_path_factory) -> Path:
     """A 6-step class-conditional ring run (labels: mode indices) without an EMA generator."""
     run_dir = tmp_path_factory.mktemp("runs") / "conditional_ring"
-    assert run_train(run_dir, "experiment=ring", "model.conditional=true", "ema.enabled=false") == 0
+    assert run_train(run_dir, "experiment=ring", "model.codes=0", "model.conditional=true", "ema.enabled=false") == 0
     return run_dir
 
 
@@ -110,6 +110,7 @@ def test_ring_run_evaluation_by_the_mode_protocol(ring_run, tmp_path):
     assert run_evaluate(f"run_dir={run}", f"ckpt={run / 'checkpoints' / 'step_000003.ckpt'}") == 0
     metrics = json.loads((run / "eval" / "metrics.json").read_text())
     assert MIXTURE_KEYS <= set(metrics) and metrics["modes_total"] == 8 and metrics["step"] == 3
+    assert "class_accuracy" not in metrics  # the recipe's latent code names no mode of the data
     assert 0 <= metrics["modes"] <= 8 and 0.0 <= metrics["high_quality"] <= 1.0
     samples = np.load(run / "eval" / "samples.npz")["samples"]
     assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # the protocol's count
@@ -232,6 +233,26 @@ def test_conditional_ring_run_reports_mode_accuracy_and_g_without_ema(conditiona
     assert [e["num_samples"] for e in per_class.values()] == [313] * 4 + [312] * 4
     assert all(set(e) == {"num_samples", "accuracy"} and 0.0 <= e["accuracy"] <= 1.0 for e in per_class.values())
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/class_accuracy")] == [6, 6]
+
+
+def test_a_latent_code_is_drawn_from_its_prior_for_the_scored_samples():
+    """Scored samples follow G's own distribution: codes drawn at random (seeded), not cycled as a conditional
+    G's classes are, which would hand the mode shares an evenness that G's sampling does not have."""
+    from gan.evaluation.sampling import generate_samples
+    from gan.training.builder import build_module
+
+    module = build_module(OmegaConf.to_container(compose_config("experiment=ring", "model.hidden=16"), resolve=True),
+                          (2,))
+    given: list[torch.Tensor] = []
+    module.sampling_generator.register_forward_pre_hook(lambda _, args: given.append(args[1]))
+    draws = []
+    for _ in range(2):
+        given.clear()
+        generate_samples(module, 2500, seed=0)
+        draws.append(torch.cat(given))
+    assert torch.equal(*draws)  # the same seed, the same codes
+    counts = torch.bincount(draws[0], minlength=9)
+    assert counts.sum() == 2500 and counts[8] == 0 and counts.min() < 312 and counts.max() > 313
 
 
 def test_slerp_runs_from_end_to_end_on_the_sphere_the_noise_lies_on():

@@ -86,7 +86,7 @@ class CountPerStep(L.Callback):
 
 RECIPES = {
     "digits (DiffAugment, LeCam, EMA)": ["experiment=digits"],
-    "ring (R1, linear decay)": ["experiment=ring", "model.hidden=16"],
+    "ring (R1, linear decay, latent code)": ["experiment=ring", "model.hidden=16"],
     "ADA": ["augment=ada", "augment.interval=2"],
     "EMA off": ["ema.enabled=false"],
     "wgan_gp, 5 D updates": ["loss=wgan_gp"],

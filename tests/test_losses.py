@@ -93,3 +93,20 @@ def test_ac_gan_adds_the_class_cross_entropy_to_both_losses():
     assert real_logits.tolist() == [2.0] and fake_logits.tolist() == [0.5]  # what is logged: the real/fake logit
     # -log sigmoid(0.5), and D naming class 0 of the fake: -log softmax(0, 3)[0]
     assert objective.g_loss(D, fake, labels).item() == pytest.approx(softplus(-0.5) + softplus(3), rel=1e-6)
+
+
+def test_a_latent_code_adds_its_cross_entropy_on_fakes_only():
+    """InfoGAN: D names G's code from G's sample; real data has no code, so D's loss has no term for it.
+    D passes its input through: real [2 | 1, -1] and fake [0.5 | 0, 3], the fake made with code 1."""
+    from gan.core.objective import Objective
+    from gan.core.regularizers import build_regularizer
+
+    objective = Objective(get_loss("nonsaturating"), build_regularizer({"name": "none"}), num_classes=2,
+                          data_shape=(3,), classify=True, codes=True)
+    D, codes = torch.nn.Identity(), torch.tensor([1])
+    real, fake = torch.tensor([[2.0, 1.0, -1.0]]), torch.tensor([[0.5, 0.0, 3.0]])
+    d_loss, _, _ = objective.d_loss(D, real, fake, codes)
+    # -log sigmoid(2) - log(1 - sigmoid(0.5)), then -log softmax(0, 3)[1]; nothing for the real row's classes
+    assert d_loss.item() == pytest.approx(softplus(-2) + softplus(0.5) + softplus(-3), rel=1e-6)
+    # -log sigmoid(0.5), and D naming code 1 of the fake: -log softmax(0, 3)[1]
+    assert objective.g_loss(D, fake, codes).item() == pytest.approx(softplus(-0.5) + softplus(-3), rel=1e-6)

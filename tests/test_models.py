@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gan.core.models import build_models, condition_input
+from gan.core.models import build_models, condition_input, latent_codes
 from gan.errors import ConfigError
 
 DCGAN = {"name": "dcgan", "width": 8, "d_batchnorm": True, "spectral_norm": False}
@@ -49,6 +49,19 @@ def test_a_classifying_d_sees_the_sample_alone_and_scores_it_and_its_class(model
     assert d(fake).shape == (3, 11)  # no condition channels in; the real/fake logit and 10 class logits out
 
 
+@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (MLP, (2,))])
+def test_a_latent_code_goes_into_g_and_d_names_it(model, shape):
+    """``codes`` without labels: G takes the code one-hot beside its noise; D sees the sample alone and scores
+    it and the code (the d_condition of a conditional D does not apply)."""
+    g, d = build_models(model | {"conditional": False, "codes": 4}, z_dim=6, shape=shape, num_classes=4)
+    z = torch.randn(3, 6)
+    g.eval()  # BatchNorm's running statistics: each sample is then a function of its own inputs alone
+    fake = g(z, torch.tensor([0, 1, 3]))
+    assert fake.shape == (3, *shape) and d(fake).shape == (3, 5)
+    other_codes = g(z, torch.tensor([2, 1, 0]))  # the same noise: only the first and last codes differ
+    assert [torch.equal(a, b) for a, b in zip(fake, other_codes)] == [False, True, False]
+
+
 def test_spectral_norm_keeps_its_power_iteration_vector_in_buffers():
     _, d = build_models(DCGAN | {"spectral_norm": True}, z_dim=4, shape=(1, 16, 16))
     buffers = dict(d.named_buffers())
@@ -65,3 +78,8 @@ def test_unsupported_combinations_are_config_errors():
         build_models({"name": "resnet"}, z_dim=4, shape=(2,))
     with pytest.raises(ConfigError, match="model.d_condition=classifier"):
         build_models(MLP | {"d_condition": "projection"}, z_dim=4, shape=(2,), num_classes=3)
+    with pytest.raises(ConfigError, match="use model.codes=0 or model.conditional=false"):
+        latent_codes(MLP | {"conditional": True, "codes": 8})
+    with pytest.raises(ConfigError, match="model.codes=-1: use 0"):
+        latent_codes(MLP | {"conditional": False, "codes": -1})
+    assert latent_codes(MLP) == 0  # configs from before the key existed: no code

@@ -54,16 +54,18 @@ def same(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("conditional", [[], ["model.conditional=true"],
-                                         ["model.conditional=true", "model.d_condition=classifier"]],
-                         ids=["unconditional", "labels into D", "D classifies"])
+                                         ["model.conditional=true", "model.d_condition=classifier"],
+                                         ["model.codes=4"]],
+                         ids=["unconditional", "labels into D", "D classifies", "latent code"])
 def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
     """The split holds for the conditional D too, whose input is torch.cat((condition, fake.detach()), 1),
-    and for AC-GAN's D, whose class prediction on fake.detach() is in D's loss and on fake in G's."""
+    for AC-GAN's D, whose class prediction on fake.detach() is in D's loss and on fake in G's, and for
+    InfoGAN's, which names G's latent code the same way."""
     from omegaconf import OmegaConf
 
     cfg = compose_config("debug=tiny", "audit=false", *conditional, run_dir=tmp_path)
     module = build_module(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)),
-                          10 if conditional else 0)
+                          10 if cfg.model.conditional else 0)
     user_frozen = module.D.net[0].weight
     user_frozen.requires_grad_(False)  # a layer frozen on purpose must stay frozen
     probe = Probe()
@@ -86,6 +88,34 @@ def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
     # frozen() restored every flag as it was, the user's frozen layer included.
     assert user_frozen.requires_grad is False
     assert all(p.requires_grad for n, p in module.D.named_parameters() if n != "net.0.weight")
+
+
+class BatchLabels(L.Callback):
+    """The labels of each batch the data module hands the step."""
+
+    def __init__(self) -> None:
+        self.labels: list[torch.Tensor] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.labels.append(batch[1].clone())
+
+
+def test_a_latent_code_is_drawn_at_each_step_not_read_from_the_data(tmp_path):
+    """The ring's points carry their mode as a label: a code that were that label would tell G which mode
+    to draw (class conditioning in disguise). G's codes are fresh uniform draws over the code's values."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_config("experiment=ring", "model.hidden=16", "audit=false", run_dir=tmp_path)
+    module = build_module(OmegaConf.to_container(cfg, resolve=True), (2,))
+    given: list[torch.Tensor] = []
+    module.G.register_forward_pre_hook(lambda _, args: given.append(args[1].clone()))
+    batches = BatchLabels()
+    fit(module, cfg, steps=3, callbacks=[batches])
+    assert len(given) == len(batches.labels) == 3  # one G forward per step
+    for codes, data_labels in zip(given, batches.labels):
+        assert codes.shape == data_labels.shape and 0 <= codes.min() and codes.max() < cfg.model.codes == 8
+        assert (codes == data_labels).float().mean() < 0.5  # chance agreement is 1/8
+    assert not torch.equal(given[0], given[1])
 
 
 def test_frozen_restores_each_flag():

@@ -33,7 +33,7 @@ def feature_cache(tmp_path_factory) -> Path:
 def conditional_points_run(tmp_path_factory) -> Path:
     """A 6-step class-conditional ring run without an EMA generator."""
     run_dir = tmp_path_factory.mktemp("runs") / "conditional_ring_g"
-    assert run_train(run_dir, "experiment=ring", "model.conditional=true", "ema.enabled=false") == 0
+    assert run_train(run_dir, "experiment=ring", "model.codes=0", "model.conditional=true", "ema.enabled=false") == 0
     return run_dir
 
 

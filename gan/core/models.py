@@ -5,6 +5,11 @@ A conditional discriminator does not take labels itself. With ``d_condition: inp
 is visible where it happens, and its input width includes ``num_classes`` condition channels. With
 ``d_condition: classifier`` (AC-GAN, Odena et al. 2017) it sees the image alone and outputs
 ``1 + num_classes`` numbers: its real/fake logit, then logits over the classes.
+
+Without labels, ``codes: K`` gives G a categorical latent code of K values beside its noise (InfoGAN,
+Chen et al. 2016), drawn uniformly for every sample; D names it from G's samples as an AC-GAN D names a
+class. Noise is connected, so a G of noise alone must spread some samples between separate modes; a
+code lets it send each value to its own mode.
 """
 
 from __future__ import annotations
@@ -171,20 +176,32 @@ def build_generator(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...
     raise ConfigError(f"unknown model '{name}': use model=mlp or model=dcgan")
 
 
+def latent_codes(model_cfg: dict[str, Any]) -> int:
+    """The number of values of G's categorical latent code (``codes``; 0: none), refused beside ``conditional``,
+    which gives G the data's classes instead."""
+    codes = model_cfg.get("codes", 0)
+    if not isinstance(codes, int) or codes < 0:
+        raise ConfigError(f"model.codes={codes}: use 0 (no latent code) or its number of values, e.g. model.codes=8")
+    if codes and model_cfg["conditional"]:
+        raise ConfigError(f"model.codes={codes} with model.conditional=true: G takes the data's classes or a latent "
+                          "code, not both: use model.codes=0 or model.conditional=false")
+    return codes
+
+
 def d_classifies(model_cfg: dict[str, Any]) -> bool:
-    """Whether a conditional D names the class (``d_condition: classifier``) rather than being given it
-    (``input``)."""
+    """Whether D names G's discrete input from the sample alone: always for a latent code (``codes``); for a
+    class, with ``d_condition: classifier`` rather than ``input`` (the labels beside D's input)."""
     condition = model_cfg.get("d_condition", "input")
     if condition not in ("input", "classifier"):
         raise ConfigError(f"unknown model.d_condition '{condition}': use model.d_condition=input (labels beside "
                           "D's input) or model.d_condition=classifier (D predicts them, AC-GAN)")
-    return condition == "classifier"
+    return condition == "classifier" or latent_codes(model_cfg) > 0
 
 
 def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
                  num_classes: int = 0) -> tuple[nn.Module, nn.Module]:
-    """(G, D) for the ``model`` config group; ``num_classes`` > 0 makes both class-conditional, D as
-    ``d_condition`` says (see the module's docstring)."""
+    """(G, D) for the ``model`` config group; ``num_classes`` > 0 (the data's classes, or the latent code's
+    values) makes both conditional, D as :func:`d_classifies` says (see the module's docstring)."""
     g = build_generator(model_cfg, z_dim, shape, num_classes)  # G first: the random streams draw its weights first
     classifier = num_classes > 0 and d_classifies(model_cfg)
     condition_channels = 0 if classifier else num_classes

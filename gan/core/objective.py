@@ -1,6 +1,6 @@
 """What the networks minimise, as one plain PyTorch object built from plain arguments: the adversarial
 loss, the gradient penalty (wgan_gp), a regularizer (R1, LeCam), differentiable augmentation and class
-conditioning (labels beside D's input, or D's own class prediction: AC-GAN).
+conditioning (labels beside D's input, or D's own class prediction: AC-GAN) and G's latent code (InfoGAN).
 :func:`gan.core.step.generator_step` takes its ``d_loss`` and ``g_loss``.
 
 Its statistics -- running means of D's outputs (logged; LeCam's anchors) and the augmentation
@@ -28,15 +28,18 @@ class Objective(nn.Module):
     ``augment``: applied to everything D sees, real and fake (None: no augmentation); ``gp_weight``: the
     WGAN-GP penalty's weight (0: none); ``num_classes`` > 0: a conditional D, which sees one-hot maps of
     the labels beside each sample of ``data_shape``, or, with ``classify``, sees the sample alone and
-    names its class (AC-GAN, Odena et al. 2017: D and G both add the cross-entropy of that prediction)."""
+    names its class (AC-GAN, Odena et al. 2017: D and G both add the cross-entropy of that prediction);
+    ``codes``: the labels are G's latent code, not the data's classes, so D names them on G's samples
+    alone (InfoGAN, Chen et al. 2016: that cross-entropy is its bound on the code's mutual information)."""
 
     def __init__(self, loss: AdversarialLoss, regularizer: Regularizer, augment: Augment | None = None,
                  gp_weight: float = 0.0, num_classes: int = 0, data_shape: tuple[int, ...] = (),
-                 classify: bool = False):
+                 classify: bool = False, codes: bool = False):
         super().__init__()
         self.loss, self.regularizer, self.augment = loss, regularizer, augment
         self.gp_weight, self.num_classes, self.data_shape = gp_weight, num_classes, tuple(data_shape)
         self.classify = classify and num_classes > 0
+        self.codes = codes
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
 
     def critic(self, D: nn.Module, x: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -66,8 +69,10 @@ class Objective(nn.Module):
             real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
         (real_logits, real_classes), (fake_logits, fake_classes) = (self.critic(D, x, labels) for x in (real, fake))
         loss = self.loss.d(real_logits, fake_logits)
-        if self.classify:  # D learns to name the class of real images and of G's, each by its label
-            loss = loss + F.cross_entropy(real_classes, labels) + F.cross_entropy(fake_classes, labels)
+        if self.classify and not self.codes:  # D learns to name the class of real images by their label ...
+            loss = loss + F.cross_entropy(real_classes, labels)
+        if self.classify:  # ... and of G's by the class or code G was given
+            loss = loss + F.cross_entropy(fake_classes, labels)
         if self.gp_weight:
             penalty = gradient_penalty(lambda x: self.critic(D, x, labels)[0], real, fake, loss_scale)
             loss = loss + self.gp_weight * penalty
@@ -77,7 +82,7 @@ class Objective(nn.Module):
 
     def g_loss(self, D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
         """G's loss: the adversarial loss on D's verdict about ``fake`` (the step has frozen D), plus, for a
-        classifying D, the cross-entropy of the class D names against the one G was asked for."""
+        classifying D, the cross-entropy of the class (or code) D names against the one G was given."""
         logits, classes = self.critic(D, fake, labels)
         loss = self.loss.g(logits)
         return loss + F.cross_entropy(classes, labels) if self.classify else loss

@@ -149,6 +149,8 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     out = run / "eval"
     atomic_write(out / "metrics.json", lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
     points = is_points(module.data_shape)
+    # The scored samples' labels cycle through the classes; a latent code was drawn at random (sampling.py).
+    classes = 0 if module.codes else module.num_classes
     # Points keep their coordinates; images are stored as the 8-bit pixels a PNG would hold.
     stored = samples.cpu().numpy().astype(np.float32) if points else to_uint8(samples).cpu().numpy()
     atomic_write(out / "samples.npz", lambda f: np.savez_compressed(f, samples=stored))
@@ -158,7 +160,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     real_points = real_points_for_plot(dataset) if points else None
     means = mixture_means(run_cfg["data"]["name"]) if points else None
     suffix = "" if tag == "metrics" else f"_{generator}"
-    render_samples(samples, out / "grid.png", writer, f"eval/grid{suffix}", step, num_classes=module.num_classes,
+    render_samples(samples, out / "grid.png", writer, f"eval/grid{suffix}", step, num_classes=classes,
                    real_points=real_points, means=means, title=title)
     steps = POINT_STEPS if points else IMAGE_STEPS
     render_interpolation(interpolate(module, module.num_classes or PATHS, steps, cfg.seed), steps,
@@ -170,7 +172,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     writer.close()
     written = [out / "metrics.json", out / "samples.npz", out / "grid.png", out / "interpolation.png"]
     if images is not None:  # the scored samples themselves, as the 8-bit pixels samples.npz holds
-        labels = balanced_labels(len(stored), module.num_classes).numpy() if module.num_classes else None
+        labels = balanced_labels(len(stored), classes).numpy() if classes else None
         save_pngs(stored, labels, images)
         written.append(images)
     if cfg.snapshot or exports:

@@ -25,6 +25,7 @@ class SampleSource(Protocol):
 
     z_dim: int
     num_classes: int  # 0: unconditional
+    codes: bool  # the labels are G's latent code (uniform prior), not classes
     cfg: Mapping[str, Any]  # the run's config: ``cfg["data"]["name"]`` says whether it makes points or images
 
     @property
@@ -39,11 +40,14 @@ def generate_samples(source: SampleSource, num_samples: int, seed: int, batch_si
     """``num_samples`` samples of ``source``.
 
     Noise comes from a generator seeded with ``seed`` on the CPU (the same noise on any device); a
-    conditional generator gets :func:`balanced_labels` (an unconditional one ignores them). Images are
-    rounded to 8 bits (:func:`quantize`): what is scored is what would be saved.
+    conditional generator gets :func:`balanced_labels` (an unconditional one ignores them), a latent code
+    is drawn from its uniform prior, as in training, so the samples follow G's own distribution. Images
+    are rounded to 8 bits (:func:`quantize`): what is scored is what would be saved.
     """
-    noise = torch.randn(num_samples, source.z_dim, generator=torch.Generator().manual_seed(seed))
-    labels = balanced_labels(num_samples, source.num_classes)
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randn(num_samples, source.z_dim, generator=generator)
+    labels = (torch.randint(source.num_classes, (num_samples,), generator=generator) if source.codes else
+              balanced_labels(num_samples, source.num_classes))
     samples = torch.cat([source.generate(z.to(source.device), y.to(source.device))
                          for z, y in zip(noise.split(batch_size), labels.split(batch_size))])
     return samples if is_points(samples.shape[1:]) else quantize(samples)
@@ -51,10 +55,11 @@ def generate_samples(source: SampleSource, num_samples: int, seed: int, batch_si
 
 def sample_and_score(source: SampleSource, metrics: MixtureMetrics | ImageMetrics, settings: EvalSettings,
                      seed: int) -> tuple[Tensor, dict[str, Any]]:
-    """Samples of ``source`` and their metrics; a conditional generator's samples are scored per class
-    too, with the labels :func:`generate_samples` gave them."""
+    """Samples of ``source`` and their metrics; a class-conditional generator's samples are scored per class
+    too, with the labels :func:`generate_samples` gave them (a latent code names no class of the data)."""
     samples = generate_samples(source, settings.num_samples, seed, settings.batch_size)
-    labels = balanced_labels(settings.num_samples, source.num_classes) if source.num_classes else None
+    classes = 0 if source.codes else source.num_classes
+    labels = balanced_labels(settings.num_samples, classes) if classes else None
     return samples, metrics.score(samples, seed, labels)
 
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from gan.core import snapshot
 from gan.core.augment import build_augment
 from gan.core.losses import get_loss
-from gan.core.models import balanced_labels, build_models, d_classifies
+from gan.core.models import balanced_labels, build_models, d_classifies, latent_codes
 from gan.core.objective import Objective
 from gan.core.phases import PhaseTimer
 from gan.core.regularizers import R1, build_regularizer
@@ -91,10 +91,13 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
     """The GANModule a plain-container config describes, for samples of ``shape`` ((2,) for points, (C, H, W)
     for images) and ``classes`` labels (0: unconditional). Also how evaluate.py rebuilds a run."""
     train, z_dim = cfg["train"], cfg["train"]["z_dim"]
-    G, D = build_models(cfg["model"], z_dim, shape, classes)
+    codes = latent_codes(cfg["model"])
+    labels = classes or codes  # the values G's labels take: the data's classes, or its latent code's
+    G, D = build_models(cfg["model"], z_dim, shape, labels)
     gp_weight = float(cfg["loss"].get("gp_weight", 0.0))  # wgan_gp's key
     objective = Objective(get_loss(cfg["loss"]["name"]), build_regularizer(cfg["reg"]),
-                          build_augment(cfg["augment"], shape), gp_weight, classes, shape, d_classifies(cfg["model"]))
+                          build_augment(cfg["augment"], shape), gp_weight, labels, shape, d_classifies(cfg["model"]),
+                          codes=codes > 0)
     ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
     images = not is_points(shape)
     channels_last = bool(train["channels_last"]) and images
@@ -105,9 +108,9 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
         G.compile()
         if not (gp_weight or isinstance(objective.regularizer, R1)):  # compiled graphs have no double backward
             D.compile()
-    # Fixed noise (and labels) behind the sample grids; conditional grids get one row per class.
+    # Fixed noise (and labels) behind the sample grids; conditional grids get one row per class (or code).
     n = (cfg["log"]["num_points"] if not images else
-         classes * cfg["log"]["samples_per_class"] if classes else cfg["log"]["num_samples"])
+         labels * cfg["log"]["samples_per_class"] if labels else cfg["log"]["num_samples"])
     timing = cfg["timing"]
     return GANModule(
         G, D, objective, ema=ema,
@@ -115,7 +118,8 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
         lr_decay=cfg["optim"]["decay"], max_steps=cfg["trainer"]["max_steps"],
         z_dim=z_dim, d_steps=train["d_steps"], batch_size=train["batch_size"], log_every=cfg["log"]["every"],
         sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
-        sample_labels=balanced_labels(n, classes), data_shape=shape, num_classes=classes, channels_last=channels_last,
+        sample_labels=balanced_labels(n, labels), data_shape=shape, num_classes=labels, codes=codes > 0,
+        channels_last=channels_last,
         audit=bool(cfg["audit"]), timer=PhaseTimer(timing["enabled"], timing["sync"]),
         hparams={"cfg": cfg, "data_shape": list(shape), "num_classes": classes})
 

@@ -87,7 +87,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     if not is_points(data_shape(cfg.data)) and (cfg.data.image_size < 1 or cfg.data.channels not in (1, 3)):
         raise ConfigError(f"data.image_size={cfg.data.image_size}, data.channels={cfg.data.channels}: images need a "
                           "size >= 1 (model=dcgan: >= 4) and 1 (grayscale) or 3 (RGB) channels")
-    d_classifies(cfg.model)  # refuses an unknown model.d_condition before the run directory is made
+    d_classifies(cfg.model)  # refuses an unknown model.d_condition, or a bad model.codes, before the run dir is made
     if cfg.trainer.strategy == "ddp":
         raise ConfigError("trainer.strategy=ddp wraps the whole module in one DistributedDataParallel, which fails "
                           "when a backward leaves parameters without gradients, as every GAN step does (fake.detach(), "

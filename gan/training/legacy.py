@@ -19,6 +19,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "optim.decay": "constant",
     "loss.gp_weight": 0.0,
     "model.d_condition": "input",
+    "model.codes": 0,
 }
 
 # State moved since: the running means of D's outputs and the augmentation state now live in the

@@ -34,7 +34,8 @@ class GANModule(L.LightningModule):
     def __init__(self, G: nn.Module, D: nn.Module, objective: Objective, *, ema: EMAGenerator | None,
                  optimizers: tuple[OptimizerFactory, OptimizerFactory], lr_decay: str, max_steps: int,
                  z_dim: int, d_steps: int, batch_size: int, log_every: int, sample_noise: Tensor,
-                 sample_labels: Tensor, data_shape: tuple[int, ...], num_classes: int = 0, channels_last: bool = False,
+                 sample_labels: Tensor, data_shape: tuple[int, ...], num_classes: int = 0, codes: bool = False,
+                 channels_last: bool = False,
                  audit: bool = False, timer: PhaseTimer | None = None, hparams: dict[str, Any] | None = None):
         super().__init__()
         # Plain containers only: an OmegaConf DictConfig in the checkpoint would make it unloadable
@@ -46,6 +47,7 @@ class GANModule(L.LightningModule):
         self.make_optimizers, self.lr_decay, self.max_steps = optimizers, lr_decay, max_steps
         self.z_dim, self.d_steps, self.batch_size, self.log_every = z_dim, d_steps, batch_size, log_every
         self.data_shape, self.num_classes = tuple(data_shape), num_classes  # (2,) points, (C, H, W) images
+        self.codes = codes  # G's labels are a latent code (num_classes values) drawn here, not the data's labels
         self.channels_last, self.audit = channels_last, audit
         self.counters = StepCounters()
         self.before_logging: list[Callable[[], None]] = []  # e.g. the non-finite guard's read of its verdict
@@ -65,9 +67,11 @@ class GANModule(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         opt_g, opt_d = self.optimizers()
         images = batch[0].contiguous(memory_format=torch.channels_last) if self.channels_last else batch[0]
-        labels = batch[1].chunk(self.d_steps) if self.num_classes else [None] * self.d_steps
+        reals = images.chunk(self.d_steps)
+        labels = ([self.latent_code(len(real)) for real in reals] if self.codes else
+                  batch[1].chunk(self.d_steps) if self.num_classes else [None] * self.d_steps)
         # One (noise, real, labels) per D update; the last batch's G forward also serves G's update.
-        batches = [step.Batch(self.noise(len(real)), real, y) for real, y in zip(images.chunk(self.d_steps), labels)]
+        batches = [step.Batch(self.noise(len(real)), real, y) for real, y in zip(reals, labels)]
         first_d_update = self.counters.d
 
         def d_loss(D: nn.Module, real: Tensor, fake: Tensor, y: Tensor | None, k: int) -> tuple[Tensor, ...]:
@@ -154,6 +158,10 @@ class GANModule(L.LightningModule):
 
     def noise(self, n: int) -> Tensor:
         return torch.randn(n, self.z_dim, device=self.device)
+
+    def latent_code(self, n: int) -> Tensor:
+        """G's categorical code for ``n`` samples, uniform over its ``num_classes`` values (model.codes)."""
+        return torch.randint(self.num_classes, (n,), device=self.device)
 
     # --- sampling --------------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ class Model:
     spectral_norm: bool = MISSING
     conditional: bool = MISSING
     d_condition: str = MISSING
+    codes: int = MISSING
     width: int = MISSING  # dcgan
     d_batchnorm: bool = MISSING
     hidden: int = MISSING  # mlp
