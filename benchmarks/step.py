@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gan.core.augment import build_augment
 from gan.core.contexts import evaluating
 from gan.core.losses import get_loss
-from gan.core.models import build_models, condition_input, d_classifies
+from gan.core.models import build_models, condition_input, d_classifies, latent_codes
 from gan.core.phases import PHASES, PhaseTimer
 from gan.data.datasets import build_dataset, num_classes
 from gan.patterns import gan_step, measure
@@ -156,7 +156,8 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     """One generator step in plain PyTorch doing the recipe's work: the same models (built from the same
     config and seed, in its memory layout), its loss, R1 (with its interval) or LeCam (running means of
     D's outputs as its anchors), gradient penalty, augmentation (the same DiffAugment/ADA operations),
-    ``d_steps`` D updates, its class conditioning (labels into G, and into D's input or named by D: AC-GAN),
+    ``d_steps`` D updates, its class conditioning (labels into G, and into D's input or named by D: AC-GAN)
+    or latent code (drawn for G, named by D on G's samples: InfoGAN),
     its optimizer, betas and learning-rate decay, the EMA generator with its ramp;
     Adam fused (torch's fastest on a CPU and a GPU); batches indexed from the dataset held on the device;
     and, every ``log.every`` steps, the losses read back, as any loop that prints them must."""
@@ -167,8 +168,10 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     shape = tuple(data.shape[1:])
     classes = num_classes(dataset) if cfg.model.conditional else 0
     labels = dataset.tensors[1].to(device) if classes else None
-    classify = classes > 0 and d_classifies(container["model"])
-    g, d = (m.to(device) for m in build_models(container["model"], cfg.train.z_dim, shape, classes))
+    codes = latent_codes(container["model"])
+    values = classes or codes  # what G's labels take: the data's classes, or the latent code's values
+    classify = values > 0 and d_classifies(container["model"])
+    g, d = (m.to(device) for m in build_models(container["model"], cfg.train.z_dim, shape, values))
     if data.dim() == 4 and cfg.train.channels_last:  # images, in the layout the recipe asks for
         g, d = g.to(memory_format=torch.channels_last), d.to(memory_format=torch.channels_last)
         data = data.contiguous(memory_format=torch.channels_last)
@@ -191,7 +194,7 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
         if classify:
             out = d(x)
             return out[:, 0], out[:, 1:]
-        return d(x if y is None else torch.cat((condition_input(y, classes, shape), x), 1)), None
+        return d(x if y is None else torch.cat((condition_input(y, values, shape), x), 1)), None
 
     def d_update(real: Tensor, fake: Tensor, y: Tensor | None) -> Tensor:
         r1 = reg["name"] == "r1" and state["d"] % reg["every"] == 0
@@ -200,8 +203,11 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
         with autocast:
             (real_logits, real_classes), (fake_logits, fake_classes) = critic(real, y), critic(fake, y)
             loss_d = loss.d(real_logits, fake_logits)
-            if classify:  # no adds of zero where there is no class term: every op counts in the ops table
-                loss_d = loss_d + F.cross_entropy(real_classes, y) + F.cross_entropy(fake_classes, y)
+            # no adds of zero where there is no class term: every op counts in the ops table
+            if classify and not codes:  # a latent code has no value on real data
+                loss_d = loss_d + F.cross_entropy(real_classes, y)
+            if classify:
+                loss_d = loss_d + F.cross_entropy(fake_classes, y)
             if r1:
                 (grad,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
                 loss_d = loss_d + reg["gamma"] / 2 * reg["every"] * grad.pow(2).flatten(1).sum(1).mean()
@@ -226,7 +232,8 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     def step() -> None:
         index = torch.randint(len(data), (batch * d_steps,), device=device)
         reals = data[index].chunk(d_steps)
-        ys = labels[index].chunk(d_steps) if classes else [None] * d_steps
+        ys = (labels[index].chunk(d_steps) if classes else
+              [torch.randint(codes, (batch,), device=device) for _ in range(d_steps)] if codes else [None] * d_steps)
         for real, y in zip(reals[:-1], ys[:-1]):
             with torch.no_grad(), autocast:
                 d_update(real, g(torch.randn(batch, z_dim, device=device), y), y)
