@@ -2,7 +2,11 @@
 own process, timed (wall and CPU seconds), with the metrics evaluate.py writes.
 
 Usage: python benchmarks/default_run.py [--write docs/results.md] [--samples docs/digits_samples.png]
-                                        [--readme README.md] [-- extra train.py overrides]
+                                        [--readme README.md] [--inception-weights FILE [--inception-sha256 HEX]
+                                        [--inception-samples N]] [-- extra train.py overrides]
+
+``--inception-weights`` scores the same run once more in the Inception space (``features=inception``,
+N samples against N real images: Inception-v3 takes a fraction of a second an image on a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+INCEPTION_NAMES = ("fid", "kid", "precision", "recall", "density", "coverage")
 sys.path.insert(0, str(ROOT))
 from tools.blocks import write_block  # noqa: E402
 
@@ -36,8 +41,14 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="put the table into this markdown file's default-run block")
     parser.add_argument("--samples", type=Path, help="copy the run's last sample grid (PNG) here")
     parser.add_argument("--readme", type=Path, help="put the time and the FID in one sentence into this file's block")
+    parser.add_argument("--inception-weights", help="also score the run in the Inception space with this file")
+    parser.add_argument("--inception-sha256", help="that file's sha256, where it is not a published one")
+    parser.add_argument("--inception-samples", type=int, default=1000,
+                        help="generated (and real) images scored in the Inception space (default: 1000)")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides")
     args = parser.parse_args()
+    inception = [f"inception_weights={args.inception_weights}"] if args.inception_weights else []
+    inception += [f"inception_sha256={args.inception_sha256}"] if args.inception_sha256 and inception else []
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         train_wall, train_cpu = timed([sys.executable, "train.py", f"hydra.run.dir={run}",
@@ -45,12 +56,22 @@ def main() -> None:
         eval_wall, eval_cpu = timed([sys.executable, "evaluate.py", f"run_dir={run}"])
         metrics = json.loads((run / "eval" / "metrics.json").read_text())
         grid = sorted((run / "samples").glob("step_*.png"))[-1].read_bytes()
+        if inception:
+            n = args.inception_samples
+            inception_wall, _ = timed([sys.executable, "evaluate.py", f"run_dir={run}", "features=inception",
+                                       *inception, f"num_samples={n}", f"num_real={n}"])
+            inception_metrics = json.loads((run / "eval" / "metrics.json").read_text())
     names = [k for k in ("fid", "kid", "precision", "recall", "density", "coverage", "class_kl", "confident")
              if k in metrics]
     rows = ["| `python train.py` wall | CPU | `python evaluate.py` wall | " + " | ".join(names) + " |",
             "|---" * (3 + len(names)) + "|",
             f"| {train_wall:.0f} s | {train_cpu:.0f} s | {eval_wall:.0f} s | "
             + " | ".join(f"{metrics[k]:.4g}" for k in names) + " |"]
+    if inception:
+        rows += ["", f"The same run in the Inception space ({n:,} samples against {n:,} real images; "
+                 f"{' '.join(inception)}; {inception_wall:.0f} s):", "",
+                 "| " + " | ".join(INCEPTION_NAMES) + " |", "|---" * len(INCEPTION_NAMES) + "|",
+                 "| " + " | ".join(f"{inception_metrics[k]:.4g}" for k in INCEPTION_NAMES) + " |"]
     table = "\n".join(rows)
     print(table)
     if args.write:

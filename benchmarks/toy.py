@@ -32,7 +32,7 @@ import torch
 from step import machine  # benchmarks/step.py: the same machine line in every report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.blocks import write_block  # noqa: E402
+from tools.blocks import commit, write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # PacGAN (Lin et al., NeurIPS 2018), Table 1: means over 10 trials after 400 epochs over 100,000
@@ -48,6 +48,7 @@ PUBLISHED = {
 # and the most seconds one run may take on the development machine (2 CPU cores).
 TARGETS = {"ring": (8.0, 0.983, 0.002), "grid": (25.0, 0.958, 0.006)}
 SECONDS_PER_RUN = 180
+INPUTS = ["gan", "configs"]  # what the numbers depend on: a change to either makes the block stale
 
 
 def run_once(preset: str, seed: int, run_dir: Path, extra: list[str], reuse: bool, threads: int) -> dict:
@@ -115,11 +116,6 @@ def verdict(met: bool) -> str:
 
 
 
-def commit() -> str:
-    out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
@@ -135,7 +131,7 @@ def main() -> None:
         parser.error("--seeds, --jobs and --threads must be >= 1")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
 
-    header = (f"`python benchmarks/toy.py {' '.join(sys.argv[1:])}` at commit {commit()}. Machine: "
+    header = (f"`python benchmarks/toy.py {' '.join(sys.argv[1:])}` at commit {commit(INPUTS)}. Machine: "
               f"{machine(torch.device('cpu'))}; {args.jobs} run(s) at a time, {threads} thread(s) each.")
     print(header, flush=True)
     block = [header]
@@ -156,7 +152,7 @@ def main() -> None:
             shutil.copy(args.out / preset / "seed0" / "eval" / "grid.png", args.write.parent / f"{preset}_samples.png")
     if args.write:
         write_block(args.write, "toy", "\n".join(block), "python benchmarks/toy.py " + " ".join(sys.argv[1:]),
-                    ["gan", "configs"])
+                    INPUTS)
         print(f"wrote {args.write}")
 
 

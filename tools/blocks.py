@@ -28,9 +28,10 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def commit() -> str:
-    """The current commit, short, with ``+dirty`` when tracked files differ from it."""
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT).returncode != 0
+def commit(inputs: list[str]) -> str:
+    """The current commit, short, with ``+dirty`` when tracked files among ``inputs`` differ from it (the
+    block's own file and pictures, which the script is writing, do not count)."""
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *inputs], cwd=ROOT).returncode != 0
     return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 
 
@@ -53,7 +54,7 @@ def write_block(path: str | Path, name: str, body: str, command: str, inputs: li
     """Put ``body`` between the markers of block ``name`` in ``path`` (appended when absent), stamped with
     ``command``, the commit, this machine and the ``inputs`` (paths whose change makes the numbers stale)."""
     path = Path(path)
-    stamp = (f"<!-- begin {name} | command: {command} | commit: {commit()} | machine: {machine()} | "
+    stamp = (f"<!-- begin {name} | command: {command} | commit: {commit(inputs)} | machine: {machine()} | "
              f"inputs: {' '.join(inputs)} -->")
     block = f"{stamp}\n{body.rstrip()}\n<!-- end {name} -->"
     text = path.read_text() if path.exists() else ""
