@@ -4,6 +4,7 @@ order, and every relative link in README.md and docs/*.md points to a file (and 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,3 +81,24 @@ def test_every_generated_block_is_stamped_and_the_stale_check_reads_git():
     assert blocks.stale({"commit": "0000000", "inputs": "gan"}) == "commit 0000000 is not in this repository"
     head = blocks.git("rev-parse", "--short", "HEAD")
     assert blocks.stale({"commit": head, "inputs": "gan"}) is None  # nothing committed since HEAD
+
+
+def test_a_block_goes_stale_when_its_inputs_change_but_not_when_only_their_comments_do(tmp_path, monkeypatch):
+    """A real git repository: a recipe's comment rewritten changes no number; its value changed does."""
+    sys.path.insert(0, str(ROOT))
+    from tools import blocks
+
+    def commit(text: str) -> str:
+        (tmp_path / "configs").mkdir(exist_ok=True)
+        (tmp_path / "configs" / "ring.yaml").write_text(text)
+        for args in (["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x"]):
+            subprocess.run(["git", *args], cwd=tmp_path, check=True)
+        return blocks.git("rev-parse", "--short", "HEAD")
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.setattr(blocks, "ROOT", tmp_path)
+    made = commit("# compile: faster\ngamma: 1.0\n")
+    commit("# compile: no faster\ngamma: 1.0\n")
+    assert blocks.stale({"commit": made, "inputs": "configs"}) is None
+    commit("# compile: no faster\ngamma: 0.1\n")
+    assert blocks.stale({"commit": made, "inputs": "configs"}) == f"changed since {made}: configs/ring.yaml"

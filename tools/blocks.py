@@ -81,10 +81,18 @@ def stale(block: dict[str, str]) -> str | None:
     if not made:
         return "no commit recorded"
     try:
-        changed = git("diff", "--name-only", made, "HEAD", "--", *inputs)
+        changed = [path for path in git("diff", "--name-only", made, "HEAD", "--", *inputs).splitlines()
+                   if not comments_only(made, path)]
     except subprocess.CalledProcessError:
         return f"commit {made} is not in this repository"
-    return f"changed since {made}: {', '.join(changed.splitlines()[:5])}" if changed else None
+    return f"changed since {made}: {', '.join(changed[:5])}" if changed else None
+
+
+def comments_only(made: str, path: str) -> bool:
+    """Whether ``path`` changed since ``made`` in comment lines alone (``#``, in Python and YAML alike),
+    which change no number a block holds."""
+    diff = ["git", "diff", "--quiet", "-I", r"^\s*#", made, "HEAD", "--", path]
+    return subprocess.run(diff, cwd=ROOT).returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
