@@ -20,7 +20,7 @@ from gan.evaluation.sampling import slerp
 from gan.evaluation.settings import EvalSettings
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "density", "coverage", "features"}
-MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl"}
+MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl", "spread", "spread_min", "spread_max"}
 
 
 @pytest.fixture(scope="session")

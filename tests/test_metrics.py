@@ -44,7 +44,8 @@ def feature_cache(tmp_path_factory):
 def test_samples_on_five_of_eight_ring_means():
     samples = RING[[0, 1, 2, 4, 6]].repeat(500, 1)  # 2,500 samples exactly on 5 means
     assert mixture_metrics(samples, RING, RING_STD) == {
-        "modes": 5, "modes_total": 8, "high_quality": 1.0, "reverse_kl": pytest.approx(math.log(8 / 5))}
+        "modes": 5, "modes_total": 8, "high_quality": 1.0, "reverse_kl": pytest.approx(math.log(8 / 5)),
+        "spread": 0.0, "spread_min": 0.0, "spread_max": 0.0}  # point masses: no spread at all
 
 
 def test_uniform_over_all_modes_has_zero_reverse_kl():
@@ -55,6 +56,40 @@ def test_uniform_over_all_modes_has_zero_reverse_kl():
         assert result["modes"] == result["modes_total"] == len(means)
         assert result["reverse_kl"] == pytest.approx(0.0, abs=1e-12)  # every mode holds exactly 100
         assert result["high_quality"] > 0.97  # 3 std of a 2D Gaussian hold 98.9 %
+
+
+def test_data_drawn_from_the_mixture_spreads_like_the_data():
+    # r^2 / std^2 of a 2D Gaussian is exponential with mean 2; cut at the 3-std radius (r^2 <= 9 std^2)
+    # its mean is 2 - 9 e^-4.5 / (1 - e^-4.5), so real data's spread is sqrt(that / 2) = 0.974, not 1.
+    truncated = math.sqrt((2 - 9 * math.exp(-4.5) / (1 - math.exp(-4.5))) / 2)
+    generator = torch.Generator().manual_seed(0)
+    for means, std in ((RING, RING_STD), (GRID, GRID_STD)):
+        samples = means.repeat(4000, 1) + std * torch.randn(4000 * len(means), 2, generator=generator)
+        result = mixture_metrics(samples, means, std)
+        assert result["spread"] == pytest.approx(truncated, abs=0.02)
+        assert truncated - 0.04 < result["spread_min"] <= result["spread"] <= result["spread_max"] < truncated + 0.04
+
+
+def test_spread_is_the_median_mode_of_the_rms_radius_over_the_datas():
+    # Three modes, each of points at one radius from its mean: rms radius / (std sqrt 2) = radius / (std sqrt 2).
+    radii = torch.tensor([0.5, 1.0, 2.0]) * RING_STD * math.sqrt(2)
+    angles = torch.linspace(0, 2 * math.pi, 9)[:-1]
+    circle = torch.stack([angles.cos(), angles.sin()], dim=1)
+    samples = torch.cat([RING[k] + radius * circle for k, radius in enumerate(radii)])
+    result = mixture_metrics(samples, RING, RING_STD)
+    assert result["modes"] == 3 and result["high_quality"] == 1.0
+    assert (result["spread"], result["spread_min"], result["spread_max"]) == pytest.approx((1.0, 0.5, 2.0), rel=1e-5)
+
+
+def test_spread_of_an_even_number_of_modes_is_the_mean_of_the_middle_two():
+    radii = torch.tensor([0.2, 0.4, 0.6, 1.0]) * RING_STD * math.sqrt(2)
+    samples = torch.cat([RING[k] + torch.tensor([radius, 0.0]) for k, radius in enumerate(radii)]).view(-1, 2)
+    assert mixture_metrics(samples, RING, RING_STD)["spread"] == pytest.approx(0.5, rel=1e-5)  # float32 points
+
+
+def test_no_captured_mode_has_no_spread():
+    result = mixture_metrics(torch.zeros(10, 2), RING, RING_STD)  # the ring's centre is 1 from every mean
+    assert result["modes"] == 0 and math.isnan(result["spread"])
 
 
 def test_all_samples_in_one_mode_give_log_k():

@@ -2,7 +2,8 @@
 for images.
 
 * 2D mixtures: ``modes`` captured out of ``modes_total``, the ``high_quality`` fraction (within 3 std
-  of a mean) and ``reverse_kl`` of the mode shares from uniform (the protocol: docs/protocols.md).
+  of a mean), ``reverse_kl`` of the mode shares from uniform, and the ``spread`` of the samples
+  around each mode against the data's (the protocol: docs/protocols.md).
 * Images: ``fid`` and ``kid`` from torchmetrics, k-NN ``precision`` / ``recall`` (Kynkäänniemi et
   al. 2019, k = 3) and ``density`` / ``coverage`` (Naeem et al. 2020, the same k and balls), all in one
   feature space (gan/evaluation/features.py), named by ``features``.
@@ -69,7 +70,26 @@ def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, flo
     captured = torch.bincount(nearest[high_quality], minlength=num_modes) > 0
     return {"modes": int(captured.sum()), "modes_total": num_modes,
             "high_quality": high_quality.double().mean().item(),
-            "reverse_kl": kl_from_uniform(nearest, num_modes)}
+            "reverse_kl": kl_from_uniform(nearest, num_modes),
+            **spread(distance[high_quality], nearest[high_quality], num_modes, std)}
+
+
+def spread(distance: Tensor, nearest: Tensor, num_modes: int, std: float) -> dict[str, float]:
+    """Each captured mode's rms distance of its samples to its mean, over the data's (``std * sqrt(2)``, a
+    2D Gaussian's): ``spread`` is the median mode's, ``spread_min`` / ``spread_max`` the extremes (NaN when
+    no mode is captured). Real data scores about 1; a mode learned as a near point scores near 0, which the
+    high-quality share cannot see. ``distance`` and ``nearest``: the high-quality samples' distances to
+    their nearest means and those means' indices."""
+    counts = torch.bincount(nearest, minlength=num_modes)
+    squares = torch.zeros(num_modes, dtype=distance.dtype, device=distance.device)
+    squares.index_add_(0, nearest, distance.pow(2))
+    ratios = (squares[counts > 0] / counts[counts > 0]).sqrt() / (std * 2 ** 0.5)
+    if not len(ratios):
+        return {"spread": float("nan"), "spread_min": float("nan"), "spread_max": float("nan")}
+    # torch.median picks the lower of the two middle values; the mean of both is the usual median
+    middle = ratios.sort().values
+    median = (middle[(len(middle) - 1) // 2] + middle[len(middle) // 2]) / 2
+    return {"spread": median.item(), "spread_min": middle[0].item(), "spread_max": middle[-1].item()}
 
 
 def kl_from_uniform(assigned: Tensor, num_groups: int) -> float:

@@ -40,6 +40,8 @@ DASHBOARD_LAYOUT = {
         "class accuracy (conditional runs)": ["Multiline", ["metrics/class_accuracy"]],
         "modes captured": ["Multiline", ["metrics/modes"]],
         "high quality and reverse KL": ["Multiline", ["metrics/high_quality", "metrics/reverse_kl"]],
+        "spread around the modes (data: 0.97)": ["Multiline", ["metrics/spread", "metrics/spread_min",
+                                                                "metrics/spread_max"]],
     },
     # Written by gan/training/timing.py's StepTimer: where a generator step's time goes.
     "speed": {
@@ -83,7 +85,7 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
 
     config = {k: v for k, v in cfg.items() if k not in ("hydra", "paths", "logger")}  # how, not what, it trains
     points = is_points(data_shape(cfg["data"]))
-    metrics = (("modes", "high_quality", "reverse_kl") if points else
+    metrics = (("modes", "high_quality", "reverse_kl", "spread") if points else
                ("fid", "kid", "precision", "recall", "density", "coverage"))
     columns = {tag: float("nan") for tag in ("loss/d", "loss/g", *(f"metrics/{m}" for m in metrics))}
     for summary in hparams(flatten(config), columns):
