@@ -4,7 +4,9 @@ the entry points' real main(), real files."""
 
 from __future__ import annotations
 
+import gzip
 import random
+import re
 import shlex
 import shutil
 import subprocess
@@ -164,6 +166,40 @@ def test_a_corrupt_image_read_by_a_dataloader_worker_is_one_line(tmp_path, capsy
     # Found while training: Lightning's own lines may come before it.
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: cannot decode image {images / '2.png'} (image file is truncated): replace or delete it")
+
+
+def test_a_damaged_mnist_file_is_one_line_naming_it(tmp_path, capsys):
+    """Damaged copies of a split's images file, each stopping train.py with one line that names the file and
+    says to re-download it, before a step is trained."""
+    from test_data import make_mnist_split
+
+    make_mnist_split(tmp_path / "good" / "raw", "t10k", 50)
+    good = tmp_path / "good" / "raw" / "t10k-images-idx3-ubyte.gz"
+    unzipped = gzip.decompress(good.read_bytes())  # 16 header bytes, then 50 images of 28 x 28
+    middle = len(good.read_bytes()) // 2
+    damaged = {
+        "truncated.gz": good.read_bytes()[:middle],
+        "corrupt.gz": good.read_bytes()[:middle] + bytes(256) + good.read_bytes()[middle + 256:],
+        "truncated": unzipped[:-100],
+        "truncated_inside.gz": gzip.compress(unzipped[:-100]),  # a complete gzip file of a truncated IDX file
+    }
+    expected = {
+        "truncated.gz": r"is a truncated or corrupt gzip file \(Compressed file ended before the end-of-stream marker "
+                        r"was reached\): re-download it",
+        "corrupt.gz": r"is a truncated or corrupt gzip file \(.+\): re-download it",
+        "truncated": r"is truncated \(39116 bytes, 39216 expected\): re-download it",
+        "truncated_inside.gz": r"is truncated \(39116 bytes unzipped, 39216 expected\): re-download it",
+    }
+    for case, data in damaged.items():
+        root = tmp_path / case
+        shutil.copytree(tmp_path / "good", root)
+        (root / "raw" / good.name).unlink()
+        path = root / "raw" / ("t10k-images-idx3-ubyte" + (".gz" if case.endswith(".gz") else ""))
+        path.write_bytes(data)
+        run = tmp_path / f"run_{case}"
+        assert run_train(run, "data=mnist", f"data.root={root}", "data.split=test") == 2, case
+        assert re.fullmatch(f"error: {re.escape(str(path))} {expected[case]}", one_line(capsys)), case
+        assert not (run / "checkpoints").exists() and not (run / "tensorboard").exists()  # nothing trained
 
 
 class Payload:

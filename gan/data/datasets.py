@@ -12,6 +12,7 @@ import gzip
 import logging
 import math
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +83,28 @@ def digits_dataset(image_size: int) -> TensorDataset:
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (MNIST's format), gzipped or not."""
+    """Read an IDX file (MNIST's format), gzipped or not; a damaged file is a ConfigError naming it."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # cut short, or bytes changed inside the stream
+        raise ConfigError(f"{path} is a truncated or corrupt gzip file ({e}): re-download it") from None
     magic = int.from_bytes(data[0:4], "big")
-    if magic not in (2049, 2051):  # 2049: labels (N,), 2051: images (N, H, W), both uint8
+    if len(data) < 4 or magic not in (2049, 2051):  # 2049: labels (N,), 2051: images (N, H, W), both uint8
         raise ConfigError(f"{path} is not an MNIST IDX file (magic {magic}): re-download it")
     ndim = magic & 0xFF
+    offset = 4 + 4 * ndim
     shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    # The header says how many bytes follow; a file of any other length would be misread as other images.
+    expected = offset + math.prod(shape) if len(data) >= offset else offset
+    unzipped = " unzipped" if path.suffix == ".gz" else ""  # the sizes count the IDX bytes, not the .gz file's
+    if len(data) < expected:
+        raise ConfigError(f"{path} is truncated ({len(data)} bytes{unzipped}, {expected} expected): re-download it")
+    if len(data) > expected:
+        raise ConfigError(f"{path} is corrupt ({len(data)} bytes{unzipped}, {expected} expected from its header): "
+                          "re-download it")
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
 
 
 def find_idx(raw_dirs: list[Path], stem: str) -> Path | None:
