@@ -38,7 +38,8 @@ def snapshot(directory: Path) -> dict[str, bytes | None]:
 
 # Refused while Hydra composes the config, or by the checks that run before Hydra writes the run directory.
 CONFIG_ERRORS = {
-    ("data=foo",): "error: data=foo is not an option: use data=cifar10|digits|fashion_mnist|folder|grid|mnist|ring",
+    ("data=foo",): "error: data=foo is not an option: use data=cifar10|digits|fashion_mnist|folder|grid|mnist|ring|"
+                      "stacked_mnist",
     ("trainer.max_stepz=3",): "error: trainer.max_stepz is not a config key (did you mean trainer.max_steps?): "
                               "check its spelling; --cfg job prints every key",
     ("seed=[1",): "error: seed=[1: no viable alternative at input '[1' See "

@@ -18,7 +18,15 @@ from PIL import Image
 from torch.utils.data import TensorDataset
 
 import gan.data.datasets
-from gan.data.datasets import ImageFolderDataset, build_dataset, data_shape, mixture_dataset, mixture_means, num_classes
+from gan.data.datasets import (
+    ImageFolderDataset,
+    StackedMNIST,
+    build_dataset,
+    data_shape,
+    mixture_dataset,
+    mixture_means,
+    num_classes,
+)
 from gan.data.sampler import StepBatchSampler
 from gan.errors import ConfigError
 
@@ -149,6 +157,49 @@ def test_real_mnist_test_split_from_shared_data():
     x, y = build_dataset(mnist_cfg(MNIST_T10K) | {"image_size": 32}, seed=0).tensors
     assert x.shape == (10000, 1, 32, 32)
     assert torch.bincount(y).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+def stacked_cfg(root: Path, **changes) -> dict:
+    return {"name": "stacked_mnist", "root": str(root), "split": "test", "download": False, "image_size": 28,
+            "channels": 3, "num_stacks": 500} | changes
+
+
+def test_stacked_mnist_stacks_three_digits_labelled_by_their_mode(tmp_path):
+    images, labels = make_mnist_split(tmp_path / "raw", "t10k", 30)  # <root>/raw/, as the shared copy has it
+    ds = build_dataset(stacked_cfg(tmp_path), seed=0)
+    assert isinstance(ds, StackedMNIST) and len(ds) == 500 and num_classes(ds) == 1000
+    assert data_shape(stacked_cfg(tmp_path)) == (3, 28, 28)
+    x, y = ds[7]
+    assert x.shape == (3, 28, 28) and y.dtype == torch.long
+    # Each channel is one of the split's digits, and the label is 100 c0 + 10 c1 + c2 of their labels.
+    picked = ds.triples[7]
+    for channel, index in enumerate(picked.tolist()):
+        assert torch.equal(x[channel], torch.from_numpy(images[index]).float() / 127.5 - 1)
+    c0, c1, c2 = (int(labels[i]) for i in picked)
+    assert y == 100 * c0 + 10 * c1 + c2
+    # A batch of indices at once: the same stacks a DataLoader assembles one by one.
+    batch_x, batch_y = ds[torch.tensor([7, 3])]
+    assert torch.equal(batch_x[0], x) and torch.equal(batch_y, torch.stack([ds[7][1], ds[3][1]]))
+    # The stacks follow the seed: the same seed draws them again, another seed draws others.
+    assert torch.equal(build_dataset(stacked_cfg(tmp_path), seed=0).triples, ds.triples)
+    assert not torch.equal(build_dataset(stacked_cfg(tmp_path), seed=1).triples, ds.triples)
+    with pytest.raises(ConfigError, match="data=stacked_mnist has 3-channel images and data.channels=1: set "
+                                          "data.channels=3"):
+        build_dataset(stacked_cfg(tmp_path, channels=1), seed=0)
+
+
+@pytest.mark.skipif(not MNIST_T10K.is_dir(), reason="../shared/data/mnist_t10k is absent")
+def test_real_stacked_mnist_holds_every_one_of_its_1000_modes():
+    digits_x, digits_y = build_dataset(mnist_cfg(MNIST_T10K) | {"image_size": 32}, seed=0).tensors
+    ds = build_dataset(stacked_cfg(MNIST_T10K, image_size=32, num_stacks=100_000), seed=0)
+    assert len(ds.labels.unique()) == 1000  # about 100 stacks a mode
+    x, y = ds[torch.arange(64)]
+    assert x.shape == (64, 3, 32, 32)
+    # Every channel is a real MNIST test digit, and its digit of the label is that image's label.
+    for channel in range(3):
+        assert torch.equal(x[:, channel], digits_x[ds.triples[:64, channel], 0])
+    assert torch.equal(y, 100 * digits_y[ds.triples[:64, 0]] + 10 * digits_y[ds.triples[:64, 1]]
+                       + digits_y[ds.triples[:64, 2]])
 
 
 def write_cifar_batch(path: Path, n: int, seed: int) -> None:

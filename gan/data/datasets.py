@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset
 
 from gan.errors import ConfigError
@@ -142,6 +143,37 @@ def mnist_like_dataset(name: str, root: str, split: str, download: bool, image_s
     return TensorDataset(to_model_range(images, image_size), labels)
 
 
+# StackedMNIST (VEEGAN, PacGAN): three MNIST digits as the channels of one image, 10 x 10 x 10 modes.
+STACKED_MODES = 1000
+
+
+def stack_modes(digits: Tensor) -> Tensor:
+    """(..., 3) digits of the three channels -> the mode 100 c0 + 10 c1 + c2 (a StackedMNIST label)."""
+    return (digits * torch.tensor([100, 10, 1], device=digits.device)).sum(dim=-1)
+
+
+class StackedMNIST(Dataset):
+    """``num_stacks`` images of three MNIST digits drawn independently at random (from a generator seeded with
+    ``seed``), one per channel; the label of a stack is its mode, :func:`stack_modes` of the digits' labels.
+
+    Stacks are kept as index triples into ``digits`` and assembled when read: 24 bytes a stack instead of
+    12 KiB of float32 pixels at 32x32. Indexing takes an int or a tensor of indices (a whole batch at once).
+    """
+
+    def __init__(self, digits: TensorDataset, num_stacks: int, seed: int):
+        self.digits = digits  # MNIST's images (N, 1, S, S) in [-1, 1] and labels, as data=mnist reads them
+        generator = torch.Generator().manual_seed(seed)
+        self.triples = torch.randint(len(digits), (num_stacks, 3), generator=generator)
+        self.labels = stack_modes(digits.tensors[1][self.triples])
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+    def __getitem__(self, index: int | Tensor) -> tuple[Tensor, Tensor]:
+        # (..., 3, 1, S, S) -> (..., 3, S, S): each digit's one channel becomes a channel of the stack
+        return self.digits.tensors[0][self.triples[index]].squeeze(-3), self.labels[index]
+
+
 CIFAR10_FOLDER = "cifar-10-batches-py"  # what torchvision's CIFAR10 looks for under its root
 
 
@@ -230,14 +262,18 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
     if name in POINT_DATASETS:
         # The test split is a fresh draw from the same mixture.
         return mixture_dataset(name, cfg["num_points"], cfg["std"], seed + (split == "test"))
-    if name in ("digits", "mnist", "fashion_mnist", "cifar10"):
+    if name in ("digits", "mnist", "fashion_mnist", "cifar10", "stacked_mnist"):
         if name == "digits":
             dataset = digits_dataset(cfg["image_size"])
         elif name == "cifar10":
             dataset = cifar10_dataset(cfg["root"], split, cfg["download"], cfg["image_size"])
+        elif name == "stacked_mnist":  # the stacks are drawn from the run's seed: the same in training and evaluation
+            digits = mnist_like_dataset("mnist", cfg["root"], split, cfg["download"], cfg["image_size"])
+            dataset = StackedMNIST(digits, cfg["num_stacks"], seed)
         else:
             dataset = mnist_like_dataset(name, cfg["root"], split, cfg["download"], cfg["image_size"])
-        channels = dataset.tensors[0].shape[1]  # (a folder's images are converted to data.channels instead)
+        # A stack holds one digit per channel; a folder's images are converted to data.channels instead.
+        channels = 3 if name == "stacked_mnist" else dataset.tensors[0].shape[1]
         if channels != cfg["channels"]:
             raise ConfigError(f"data={name} has {channels}-channel images and data.channels={cfg['channels']}: "
                               f"set data.channels={channels}")
@@ -251,13 +287,16 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
         if preload is True or (preload == "auto" and size <= PRELOAD_LIMIT):
             return folder.decoded()
         return folder
-    raise ConfigError(f"unknown dataset '{name}': use data=digits|ring|grid|mnist|fashion_mnist|cifar10|folder")
+    raise ConfigError(f"unknown dataset '{name}': use "
+                      "data=digits|ring|grid|mnist|fashion_mnist|stacked_mnist|cifar10|folder")
 
 
 def num_classes(dataset: Dataset) -> int:
     """Number of labels (0 for unlabelled data)."""
     if isinstance(dataset, ImageFolderDataset):
         return len(dataset.classes)
+    if isinstance(dataset, StackedMNIST):  # every mode, whether or not a draw of few stacks holds it
+        return STACKED_MODES
     return int(dataset.tensors[1].max()) + 1
 
 

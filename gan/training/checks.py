@@ -56,6 +56,7 @@ AT_LEAST = {
     "train.d_steps": (1, "D updates per generator step, set by loss.d_steps"),
     "train.z_dim": (1, "the size of G's noise vector"),
     "ema.start": (0, "generator steps during which the EMA copy follows G"),
+    "data.num_stacks": (1, "data=stacked_mnist's images, each three MNIST digits"),
     "log.every": (1, "generator steps between logged scalars"),
     "log.sample_every": (1, "generator steps between sample grids"),
     "checkpoint.every": (1, "generator steps between periodic checkpoints"),

@@ -32,9 +32,10 @@ class Data:
     image_size: int = MISSING  # images
     channels: int = MISSING
     channels_last: bool = MISSING
-    root: str = MISSING  # mnist, fashion_mnist, cifar10
+    root: str = MISSING  # mnist, fashion_mnist, stacked_mnist, cifar10
     download: bool = MISSING
     split: str = MISSING
+    num_stacks: int = MISSING  # stacked_mnist
     path: str = MISSING  # folder
     preload: Any = MISSING  # auto, true or false
 
