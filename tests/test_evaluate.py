@@ -18,6 +18,7 @@ from PIL import Image
 
 from gan.evaluation.sampling import slerp
 from gan.evaluation.settings import EvalSettings
+from gan.training.compose import compose
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "density", "coverage", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl", "spread", "spread_min", "spread_max"}
@@ -67,12 +68,23 @@ def test_one_file_holds_the_evaluation_defaults_of_train_py_and_evaluate_py():
     # EvalSettings has no defaults of its own to drift from the file, and the file sets every field.
     assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING for f in fields)
     assert set(defaults) == {f.name for f in fields}
-    assert eval_settings() == EvalSettings.from_config(compose_config().eval) == EvalSettings(**defaults)
+    # num_samples=null: the protocol count of the data (2,500 unless the data has its own).
+    resolved = EvalSettings(**defaults | {"num_samples": 2500})
+    assert eval_settings() == EvalSettings.from_config(compose_config().eval) == resolved
     # Each command's own spelling of an override: top level for evaluate.py, under eval. for train.py.
     train_cfg = compose_config("eval.every=5", "eval.num_samples=100")
     assert train_cfg.eval.every == 5
     assert EvalSettings.from_config(train_cfg.eval) == eval_settings("num_samples=100")
-    assert eval_settings("num_samples=100").num_samples == 100 != EvalSettings(**defaults).num_samples
+    assert eval_settings("num_samples=100").num_samples == 100 != resolved.num_samples
+
+
+def test_stacked_mnist_is_scored_on_its_protocols_26000_samples_unless_told_otherwise():
+    evaluate_cfg = compose("classifier_steps=500", config="evaluate")  # (null: the run's)
+    assert EvalSettings.from_config(evaluate_cfg, "stacked_mnist").num_samples == 26_000
+    assert EvalSettings.from_config(evaluate_cfg, "mnist").num_samples == 2500
+    assert EvalSettings.from_config(compose_config().eval, "stacked_mnist").num_samples == 26_000  # train.py's eval.*
+    given = compose("classifier_steps=500", "num_samples=300", config="evaluate")
+    assert EvalSettings.from_config(given, "stacked_mnist").num_samples == 300
 
 
 def test_digits_run_evaluation_writes_files_tensorboard_and_repeats_exactly(digits_run, feature_cache, tmp_path):

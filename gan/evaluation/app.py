@@ -134,7 +134,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     module = load_module(ckpt_path).to(device)
     run_cfg = module.cfg
     images = image_directory(cfg.images, run_cfg["data"])
-    settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
+    settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg), run_cfg["data"]["name"])
     generator, tag = choose_generator(module, cfg.ema)
     dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
     metrics = build_metrics(run_cfg["data"], dataset, settings, device)

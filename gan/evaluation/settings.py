@@ -9,14 +9,20 @@ from typing import Any
 from gan.errors import ConfigError
 
 FEATURES = ("classifier", "rotation", "inception")
+# Generated samples per evaluation where num_samples is null (configs/eval/default.yaml): the count of the data's
+# protocol (docs/protocols.md). StackedMNIST's mode count is published at VEEGAN's 26,000; the 2D mixtures'
+# protocol, and every other dataset by default, scores 2,500.
+PROTOCOL_SAMPLES = {"stacked_mnist": 26_000}
+DEFAULT_SAMPLES = 2_500
 
 
 @dataclass(frozen=True)
 class EvalSettings:
     """What to measure. No defaults here: configs/eval/default.yaml holds the only copy of them, read
-    by train.py (under ``eval``) and evaluate.py (at the top level) alike."""
+    by train.py (under ``eval``) and evaluate.py (at the top level) alike; its ``num_samples: null`` is the
+    one value that depends on the data, resolved by :meth:`from_config`."""
 
-    num_samples: int  # generated samples per evaluation
+    num_samples: int  # generated samples per evaluation (null in a config: the data's protocol count)
     num_real: int  # at most this many real images behind the image metrics
     features: str | None  # classifier | rotation | inception; None: classifier if labelled, else rotation
     inception_weights: str | None  # features=inception: the weights file; None: torch.hub's cache
@@ -26,9 +32,13 @@ class EvalSettings:
     batch_size: int  # samples per forward pass
 
     @classmethod
-    def from_config(cls, cfg: Any) -> EvalSettings:
-        """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), validated."""
-        settings = cls(**{f.name: cfg[f.name] for f in fields(cls)})
+    def from_config(cls, cfg: Any, data: str | None = None) -> EvalSettings:
+        """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), validated;
+        ``num_samples=null`` becomes the protocol count of the data named ``data`` (:data:`PROTOCOL_SAMPLES`)."""
+        values = {f.name: cfg[f.name] for f in fields(cls)}
+        if values["num_samples"] is None:
+            values["num_samples"] = PROTOCOL_SAMPLES.get(data, DEFAULT_SAMPLES)
+        settings = cls(**values)
         if settings.num_samples < 4 or settings.num_real < 4:
             raise ConfigError(f"num_samples={settings.num_samples}, num_real={settings.num_real}: both must "
                               "be at least 4 (precision/recall looks at each sample's 3 nearest neighbours)")

@@ -232,7 +232,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> GANMod
     if cfg.audit:
         callbacks.append(AutogradAudit())
     if cfg.eval.every:
-        callbacks.append(MetricsLogger(cfg.eval.every, EvalSettings.from_config(cfg.eval), cfg.seed))
+        callbacks.append(MetricsLogger(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed))
     if cfg.timing.enabled:
         callbacks.append(StepTimer(cfg.log.every))  # last: it closes the step after the other callbacks
 

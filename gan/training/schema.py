@@ -157,7 +157,8 @@ def measuring(name: str, *extra: tuple[str, type]) -> type:
     return make_dataclass(name, [(key, kind, field(default=MISSING)) for key, kind in keys.items()])
 
 
-Eval = measuring("Eval", ("every", int))
+# num_samples may be null: the data's protocol count (gan.evaluation.settings).
+Eval = measuring("Eval", ("every", int), ("num_samples", int | None))
 
 
 @dataclass
@@ -198,9 +199,11 @@ class TrainConfig:
 
 
 # configs/evaluate.yaml: what to measure, at the top level, and which run.
-# classifier_steps may be null there: the run's own eval.classifier_steps (gan.evaluation.app).
+# classifier_steps may be null there: the run's own eval.classifier_steps (gan.evaluation.app); num_samples too:
+# the protocol count of the run's data.
 EvaluateConfig = measuring("EvaluateConfig", ("run_dir", str), ("ckpt", str | None), ("seed", int), ("ema", bool),
-                           ("device", str), ("classifier_steps", int | None), ("images", str | None),
+                           ("device", str), ("num_samples", int | None), ("classifier_steps", int | None),
+                           ("images", str | None),
                            ("snapshot", bool), ("export", Any))  # export: a kind, or a list of them
 
 
