@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from gan.training.compose import compose
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "density", "coverage", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl", "spread", "spread_min", "spread_max"}
+STACKED_KEYS = {"stacked_modes", "stacked_kl", "stacked_modes_real", "stacked_kl_real"}
 
 
 @pytest.fixture(scope="session")
@@ -245,6 +247,30 @@ def test_conditional_ring_run_reports_mode_accuracy_and_g_without_ema(conditiona
     assert [e["num_samples"] for e in per_class.values()] == [313] * 4 + [312] * 4
     assert all(set(e) == {"num_samples", "accuracy"} and 0.0 <= e["accuracy"] <= 1.0 for e in per_class.values())
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/class_accuracy")] == [6, 6]
+
+
+def test_stacked_mnist_run_reports_its_mode_count_in_metrics_json_and_tensorboard(tmp_path):
+    """A 6-step StackedMNIST run measured at its last step, then evaluate.py, on a split of IDX files the test
+    writes (random pixels: this checks the wiring, not the numbers)."""
+    from test_data import make_mnist_split
+
+    make_mnist_split(tmp_path / "data" / "raw", "t10k", 100)
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    measure = ["num_samples=100", "num_real=100", "classifier_steps=20", f"cache_dir={cache}"]
+    assert run_train(run, "~experiment", "data=stacked_mnist", f"data.root={tmp_path / 'data'}", "data.split=test",
+                     "eval.every=6", *(f"eval.{m}" for m in measure)) == 0
+    assert run_evaluate(f"run_dir={run}", *measure) == 0
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    assert IMAGE_KEYS | STACKED_KEYS <= set(metrics) and metrics["num_samples"] == 100
+    assert 1 <= metrics["stacked_modes"] <= 100 and 1 <= metrics["stacked_modes_real"] <= 100
+    # 100 stacks fill at most 100 of the 1,000 modes: a KL of at least log(1000 / 100).
+    assert min(metrics["stacked_kl"], metrics["stacked_kl_real"]) >= math.log(10) - 1e-9
+    # The digits are recognised by data=mnist's classifier of the same split, size and steps: one cached network.
+    assert [p.name for p in cache.glob("*.pt")] == ["classifier-mnist-test-1x32x32-20steps.pt"]
+    events = read_events(run / "tensorboard")
+    for key in STACKED_KEYS:  # measured during training (eval.every=6) and by evaluate.py
+        assert [e.step for e in events.Scalars(f"metrics/{key}")] == [6, 6], key
+        assert events.Scalars(f"metrics/{key}")[-1].value == pytest.approx(metrics[key])
 
 
 def test_a_latent_code_is_drawn_from_its_prior_for_the_scored_samples():

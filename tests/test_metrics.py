@@ -12,21 +12,31 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from gan.core.models import balanced_labels
-from gan.data.datasets import build_dataset, mixture_means
+from gan.data.datasets import StackedMNIST, build_dataset, mixture_means, stack_modes
 from gan.errors import ConfigError
-from gan.evaluation.features import FeatureExtractor, classifier_features, inception_features, read_verified, rotations
+from gan.evaluation.features import (
+    FeatureExtractor,
+    classifier_features,
+    inception_features,
+    per_channel_features,
+    read_verified,
+    rotations,
+)
 from gan.evaluation.metrics import (
     MIN_CLASS_SAMPLES,
     ImageMetrics,
     MixtureMetrics,
+    StackedMetrics,
     build_metrics,
     class_balance,
     frechet_distance,
+    kl_from_uniform,
     knn_density_coverage,
     knn_precision_recall,
     mixture_metrics,
     quantize,
     real_images,
+    stacked_modes,
 )
 
 RING, RING_STD = mixture_means("ring"), 0.01
@@ -418,3 +428,59 @@ def test_real_digits_scored_as_their_own_class(feature_cache):
     assert values["class_accuracy"] > 0.97  # 97.5 % on held-out digits; 80 % were its training set
     assert len(values["per_class"]) == 10
     assert all(e["fid"] == pytest.approx(0.0, abs=1e-3) for e in values["per_class"].values())
+
+
+# --- StackedMNIST --------------------------------------------------------------------------------
+
+def sure_of(digits: torch.Tensor) -> torch.Tensor:
+    """The logits (N, 3, 10) of a classifier sure of each channel's digit in ``digits`` (N, 3)."""
+    return 10.0 * nn.functional.one_hot(digits, 10).float()
+
+
+def test_stacked_modes_of_hand_made_classifier_outputs():
+    assert stack_modes(torch.tensor([7, 0, 4])) == 704  # red's digit first
+    assert stacked_modes(sure_of(torch.tensor([[7, 0, 4]]).expand(260, 3))) == {
+        "stacked_modes": 1, "stacked_kl": pytest.approx(math.log(1000))}
+    every = torch.arange(1000)
+    uniform = torch.stack([every // 100, every // 10 % 10, every % 10], dim=1).repeat(26, 1)  # each mode 26 times
+    assert stacked_modes(sure_of(uniform)) == {"stacked_modes": 1000, "stacked_kl": pytest.approx(0.0, abs=1e-12)}
+    halves = stacked_modes(sure_of(torch.tensor([[7, 0, 4], [4, 0, 7]]).repeat(50, 1)))
+    assert halves == {"stacked_modes": 2, "stacked_kl": pytest.approx(math.log(500))}
+
+
+LEVELS = torch.linspace(-0.9, 0.9, 10)  # test digit k: an image of the one value LEVELS[k]
+
+
+class Brightness(nn.Module):
+    """The features of a test digit classifier: an image's mean value. It takes 1-channel images only."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        assert images.shape[1] == 1, images.shape
+        return images.mean(dim=(1, 2, 3)).unsqueeze(1)
+
+
+class NearestLevel(nn.Module):
+    """Its head: the highest logit for the level nearest the feature."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return -(features - LEVELS).square()
+
+
+def test_stacked_metrics_recognise_each_channel_and_count_real_stacks_alike():
+    labels = torch.arange(40) % 10
+    digits = TensorDataset(LEVELS[labels].view(-1, 1, 1, 1).expand(-1, 1, 8, 8).clone(), labels)
+    classifier = FeatureExtractor("classifier", Brightness(), 1, head=NearestLevel())
+    metrics = StackedMetrics(per_channel_features(classifier, 3), classifier)
+    metrics.add_real(*StackedMNIST(digits, 300, seed=0)[torch.arange(300)])
+    floor = StackedMNIST(digits, 2000, seed=1)
+    metrics.add_real_stacks(floor)
+    # The classifier knows every test digit: real stacks score the modes of their own labels.
+    real = {"stacked_modes_real": len(floor.labels.unique()), "stacked_kl_real": kl_from_uniform(floor.labels, 1000)}
+    assert metrics.real_modes == pytest.approx(real) and 800 < real["stacked_modes_real"] < 1000
+    generated = StackedMNIST(digits, 300, seed=2)
+    values = metrics.score(generated[torch.arange(300)][0])
+    assert values["stacked_modes"] == len(generated.labels.unique())
+    assert values["stacked_kl"] == pytest.approx(kl_from_uniform(generated.labels, 1000))
+    assert values["fid"] < 0.01 and values["features"] == "classifier" and values.items() >= real.items()
+    collapsed = metrics.score(StackedMNIST(digits, 300, seed=2)[torch.zeros(300, dtype=torch.long)][0])
+    assert (collapsed["stacked_modes"], collapsed["stacked_kl"]) == (1, pytest.approx(math.log(1000)))

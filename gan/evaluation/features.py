@@ -190,6 +190,24 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
     return FeatureExtractor(kind, net.body, net.num_features, head).to(images.device)
 
 
+class PerChannel(nn.Module):
+    """A network of 1-channel images run on each channel of an image on its own, its outputs side by side:
+    (N, C, H, W) -> (N, C * F)."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images.flatten(0, 1).unsqueeze(1)).unflatten(0, images.shape[:2]).flatten(1)
+
+
+def per_channel_features(digits: FeatureExtractor, channels: int) -> FeatureExtractor:
+    """The ``classifier`` space of StackedMNIST: the MNIST classifier's features of each channel (a digit the
+    network was trained on), side by side. No class head: a stack's class is a triple of digits."""
+    return FeatureExtractor(digits.name, PerChannel(digits.net), channels * digits.num_features)
+
+
 def write_verified(path: Path, payload: dict[str, Any]) -> None:
     """Save ``payload`` and ``<path>.sha256``, each with :func:`atomic_write` (the checksum last: a crash
     between the two leaves a file that fails its check, never one that passes it half-written)."""

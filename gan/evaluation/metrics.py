@@ -7,6 +7,9 @@ for images.
 * Images: ``fid`` and ``kid`` from torchmetrics, k-NN ``precision`` / ``recall`` (Kynkäänniemi et
   al. 2019, k = 3) and ``density`` / ``coverage`` (Naeem et al. 2020, the same k and balls), all in one
   feature space (gan/evaluation/features.py), named by ``features``.
+* StackedMNIST, besides the image metrics: ``stacked_modes`` of its 1,000 modes and ``stacked_kl`` from the
+  uniform, each channel recognised by the MNIST classifier, and the same of as many real stacks, the floor
+  (``stacked_modes_real``, ``stacked_kl_real``; the protocol: docs/protocols.md).
 * Class-conditional generators, besides those: ``class_accuracy``, the share of samples recognised as
   the class they were generated for, and ``per_class``: {"<label>": {...}} with each class's
   ``accuracy`` and, for images, its ``fid`` against the real images of that class. 2D mixtures'
@@ -35,9 +38,15 @@ from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities import dim_zero_cat
 
 from gan.core.contexts import evaluating
-from gan.data.datasets import is_points, mixture_means
+from gan.data.datasets import STACKED_MODES, StackedMNIST, is_points, mixture_means, stack_modes
 from gan.errors import ConfigError
-from gan.evaluation.features import FeatureExtractor, classifier_features, inception_features, to_uint8
+from gan.evaluation.features import (
+    FeatureExtractor,
+    classifier_features,
+    inception_features,
+    per_channel_features,
+    to_uint8,
+)
 from gan.evaluation.settings import EvalSettings
 
 KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
@@ -362,21 +371,96 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
             raise ConfigError(f"features={settings.features} is for images; data={name} is scored by the "
                               "mode protocol (modes, high_quality, reverse_kl)")
         return MixtureMetrics(mixture_means(name), data_cfg["std"]).to(device)
+    if isinstance(dataset, StackedMNIST):
+        return stacked_metrics(data_cfg, dataset, settings, device)
     images, labels = real_images(dataset, settings.num_real)
     images = images.to(device)
+    metrics = ImageMetrics(feature_space(data_cfg, images, labels, settings, device),
+                           batch_size=settings.batch_size).to(device)
+    metrics.add_real(images, labels)
+    return metrics
+
+
+def feature_space(data_cfg: dict[str, Any], images: Tensor, labels: Tensor, settings: EvalSettings,
+                  device: torch.device | str) -> FeatureExtractor:
+    """The feature space ``settings.features`` names (null: ``classifier`` for labelled data, else ``rotation``),
+    trained on the real ``images`` (and ``labels``) where it is learned from the data."""
     labelled = bool((labels >= 0).all()) and int(labels.max()) >= 1
     features = settings.features or ("classifier" if labelled else "rotation")
     if features == "classifier" and not labelled:
-        raise ConfigError(f"features=classifier needs class labels and data={name} has none: use "
+        raise ConfigError(f"features=classifier needs class labels and data={data_cfg['name']} has none: use "
                           "features=rotation or features=inception")
     if features == "inception":
-        extractor = inception_features(settings.inception_weights, settings.inception_sha256).to(device)
+        return inception_features(settings.inception_weights, settings.inception_sha256).to(device)
+    return classifier_features(features, data_id(data_cfg), images, labels if features == "classifier" else None,
+                               settings.cache_dir, settings.classifier_steps)
+
+
+# --- StackedMNIST --------------------------------------------------------------------------------
+
+def stacked_modes(logits: Tensor) -> dict[str, int | float]:
+    """The mode count of StackedMNIST images (VEEGAN, PacGAN) from the MNIST classifier's ``logits`` (N, 3, 10)
+    for each channel: the three recognised digits make one of 1,000 modes (:func:`stack_modes`).
+
+    ``stacked_modes``: how many modes occur; ``stacked_kl``: :func:`kl_from_uniform` of their shares (0: every
+    mode equally often; log 1000: one mode only).
+    """
+    modes = stack_modes(logits.argmax(dim=-1))
+    return {"stacked_modes": int(modes.unique().numel()), "stacked_kl": kl_from_uniform(modes, STACKED_MODES)}
+
+
+def digit_logits(classifier: FeatureExtractor, digits: Tensor, batch_size: int) -> Tensor:
+    """The MNIST classifier's logits (N, 10) of 1-channel images (N, 1, S, S) in [-1, 1]."""
+    with evaluating(classifier), torch.no_grad():
+        return torch.cat([classifier.head(classifier(batch)) for batch in digits.split(batch_size)])
+
+
+class StackedMetrics(ImageMetrics):
+    """:class:`ImageMetrics` of StackedMNIST images, and its protocol's mode count (docs/protocols.md):
+    ``stacked_modes`` and ``stacked_kl`` of the generated stacks, each channel recognised by the MNIST
+    classifier ``digits`` as the 1-channel image it was trained on, beside ``stacked_modes_real`` and
+    ``stacked_kl_real``, the same figures of real stacks (:meth:`add_real_stacks`): the floor. ``digits`` maps
+    (N, 1, S, S) images to features, and its head those to 10 logits."""
+
+    def __init__(self, extractor: FeatureExtractor, digits: FeatureExtractor, **kwargs: Any):
+        super().__init__(extractor, **kwargs)
+        self.digits = digits
+        self.real_modes: dict[str, int | float] = {}
+
+    def add_real_stacks(self, stacks: StackedMNIST) -> None:
+        """``stacked_modes_real`` and ``stacked_kl_real``: what data itself scores, at as many stacks as are
+        generated, each channel classified as a generated one is (8-bit, the same size). A real stack's channels
+        are MNIST digits, so each digit the stacks hold is classified once."""
+        drawn, where = stacks.triples.unique(return_inverse=True)
+        images, device = stacks.digits.tensors[0], self.real_labels.device
+        logits = torch.cat([digit_logits(self.digits, quantize(images[index]).to(device), self.batch_size)
+                            for index in drawn.split(self.batch_size)])
+        self.real_modes = {f"{key}_real": value for key, value in stacked_modes(logits[where.to(device)]).items()}
+
+    def score(self, fake: Tensor, seed: int = 0, labels: Tensor | None = None) -> dict[str, Any]:
+        """:meth:`ImageMetrics.score`, and the mode count of ``fake`` (N, 3, S, S) and of the real stacks."""
+        values = super().score(fake, seed, labels)
+        channels = digit_logits(self.digits, fake.flatten(0, 1).unsqueeze(1), self.batch_size)
+        return {**values, **stacked_modes(channels.unflatten(0, fake.shape[:2])), **self.real_modes}
+
+
+def stacked_metrics(data_cfg: dict[str, Any], dataset: StackedMNIST, settings: EvalSettings,
+                    device: torch.device | str) -> StackedMetrics:
+    """StackedMNIST's metrics. Its digits are recognised by data=mnist's own classifier (the same digits and
+    settings: the same cached network); the ``classifier`` space is that network's features of each channel.
+    The real stacks are drawn with seed 0, not the run's: every run on this data is compared with the same."""
+    digits, digit_labels = real_images(dataset.digits, settings.num_real)
+    mnist = classifier_features("classifier", data_id({"name": "mnist", "split": data_cfg.get("split", "train")}),
+                                digits.to(device), digit_labels, settings.cache_dir, settings.classifier_steps)
+    images, labels = real_images(StackedMNIST(dataset.digits, settings.num_real, seed=0), settings.num_real)
+    images = images.to(device)
+    if settings.features in (None, "classifier"):
+        extractor = per_channel_features(mnist, images.shape[1])
     else:
-        extractor = classifier_features(features, data_id(data_cfg), images,
-                                        labels if features == "classifier" else None, settings.cache_dir,
-                                        settings.classifier_steps)
-    metrics = ImageMetrics(extractor, batch_size=settings.batch_size).to(device)
+        extractor = feature_space(data_cfg, images, labels, settings, device)
+    metrics = StackedMetrics(extractor, mnist, batch_size=settings.batch_size).to(device)
     metrics.add_real(images, labels)
+    metrics.add_real_stacks(StackedMNIST(dataset.digits, settings.num_samples, seed=0))
     return metrics
 
 

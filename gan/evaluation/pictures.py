@@ -87,6 +87,8 @@ def write_hparams(writer: Any, cfg: dict[str, Any]) -> None:
     points = is_points(data_shape(cfg["data"]))
     metrics = (("modes", "high_quality", "reverse_kl", "spread") if points else
                ("fid", "kid", "precision", "recall", "density", "coverage"))
+    if cfg["data"]["name"] == "stacked_mnist":  # its protocol's mode count (docs/protocols.md)
+        metrics += ("stacked_modes", "stacked_kl")
     columns = {tag: float("nan") for tag in ("loss/d", "loss/g", *(f"metrics/{m}" for m in metrics))}
     for summary in hparams(flatten(config), columns):
         writer.file_writer.add_summary(summary)
