@@ -197,9 +197,12 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
         return d(x if y is None else torch.cat((condition_input(y, values, shape), x), 1)), None
 
     def d_update(real: Tensor, fake: Tensor, y: Tensor | None) -> Tensor:
-        r1 = reg["name"] == "r1" and state["d"] % reg["every"] == 0
+        r1 = reg["name"] in ("r1", "r1r2") and state["d"] % reg["every"] == 0
+        r2 = r1 and reg["name"] == "r1r2"
         if r1:
             real = real.detach().requires_grad_(True)
+        if r2:
+            fake = fake.detach().requires_grad_(True)
         with autocast:
             (real_logits, real_classes), (fake_logits, fake_classes) = critic(real, y), critic(fake, y)
             loss_d = loss.d(real_logits, fake_logits)
@@ -208,7 +211,11 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
                 loss_d = loss_d + F.cross_entropy(real_classes, y)
             if classify:
                 loss_d = loss_d + F.cross_entropy(fake_classes, y)
-            if r1:
+            if r2:  # R1 and R2 from one inner backward
+                grads = torch.autograd.grad((real_logits.sum(), fake_logits.sum()), (real, fake), create_graph=True)
+                squares = sum(grad.pow(2).flatten(1).sum(1).mean() for grad in grads)
+                loss_d = loss_d + reg["gamma"] / 2 * reg["every"] * squares
+            elif r1:
                 (grad,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
                 loss_d = loss_d + reg["gamma"] / 2 * reg["every"] * grad.pow(2).flatten(1).sum(1).mean()
             if reg["name"] == "lecam":
@@ -244,7 +251,12 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
         d.requires_grad_(False)
         with autocast:
             logits, class_logits = critic(fake, y)
-            loss_g = loss.g(logits)
+            if loss.relativistic:
+                with torch.no_grad():
+                    real_logits = critic(reals[-1], y)[0]
+                loss_g = loss.g(logits, real_logits)
+            else:
+                loss_g = loss.g(logits)
             if classify:
                 loss_g = loss_g + F.cross_entropy(class_logits, y)
         opt_g.zero_grad(set_to_none=True)

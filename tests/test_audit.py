@@ -62,9 +62,9 @@ def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
         D.register_buffer("calls", torch.zeros(()))
         return G, D
 
-    def touching_d(self, D, fake, labels):
+    def touching_d(self, D, fake, real, labels):
         D.calls += 1
-        return g_loss(self, D, fake, labels)
+        return g_loss(self, D, fake, real, labels)
 
     monkeypatch.setattr(gan.training.builder, "build_models", with_buffer)
     monkeypatch.setattr(Objective, "g_loss", touching_d)
@@ -196,7 +196,8 @@ def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm
     assert {"net.0.parametrizations.weight.0._u", "net.0.parametrizations.weight.0._v"} <= allowed
     before = {n: b.clone() for n, b in module.D.named_buffers()}
     opt_g = torch.optim.Adam(module.G.parameters())
-    step.g_update(module.D, opt_g, module.objective.g_loss, module.G(torch.randn(8, module.z_dim)), None)
+    real = torch.randn(8, 1, 16, 16)
+    step.g_update(module.D, opt_g, module.objective.g_loss, module.G(torch.randn(8, module.z_dim)), real, None)
     changed = {n for n, b in module.D.named_buffers() if not torch.equal(b, before[n])}
     assert changed <= allowed
     assert {"net.3.running_mean", "net.3.running_var", "net.3.num_batches_tracked",

@@ -29,7 +29,15 @@ HAND = {
     # 0.5 * mean((real - 1)^2) = 0.5 * (1 + 4) / 2; 0.5 * mean(fake^2) = 0.5 * (0.25 + 9) / 2
     "lsgan": (1.25 + 2.3125, 0.5 * ((0.5 - 1) ** 2 + (-3 - 1) ** 2) / 2),
     "wgan_gp": ((0.5 - 3.0) / 2 - (2.0 - 1.0) / 2, -(0.5 - 3.0) / 2),
+    # pairs (2, 0.5) and (-1, -3): -log sigmoid(real - fake) = softplus(-(1.5)), softplus(-(2));
+    # G's: -log sigmoid(fake - real) = softplus(1.5), softplus(2)
+    "rpgan": ((softplus(-1.5) + softplus(-2.0)) / 2, (softplus(1.5) + softplus(2.0)) / 2),
 }
+
+
+def g_of(loss, fake, real):
+    """G's loss: a relativistic loss also reads D's logits on the paired reals."""
+    return loss.g(fake, real) if loss.relativistic else loss.g(fake)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -37,7 +45,7 @@ def test_loss_values_match_hand_computation(name):
     loss = get_loss(name)
     d_expected, g_expected = HAND[name]
     assert loss.d(REAL, FAKE).item() == pytest.approx(d_expected, rel=1e-6)
-    assert loss.g(FAKE).item() == pytest.approx(g_expected, rel=1e-6)
+    assert g_of(loss, FAKE, REAL).item() == pytest.approx(g_expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -49,8 +57,16 @@ def test_gradient_signs(name):
     loss = get_loss(name)
     d_real, d_fake = torch.autograd.grad(loss.d(real, fake), (real, fake))
     assert (d_real < 0).all() and (d_fake > 0).all()
-    (g_fake,) = torch.autograd.grad(loss.g(fake), fake)
+    (g_fake,) = torch.autograd.grad(g_of(loss, fake, real), fake)
     assert (g_fake < 0).all()
+
+
+def test_rpgan_depends_only_on_each_pair_s_difference():
+    """Relativistic: shifting every logit by the same amount changes neither loss, where the sigmoid loss moves."""
+    rpgan, sigmoid = get_loss("rpgan"), get_loss("nonsaturating")
+    assert rpgan.d(REAL + 7, FAKE + 7).item() == pytest.approx(rpgan.d(REAL, FAKE).item(), rel=1e-6)
+    assert rpgan.g(FAKE + 7, REAL + 7).item() == pytest.approx(rpgan.g(FAKE, REAL).item(), rel=1e-6)
+    assert sigmoid.d(REAL + 7, FAKE + 7).item() != pytest.approx(sigmoid.d(REAL, FAKE).item(), rel=1e-3)
 
 
 def test_minimax_saturates_where_nonsaturating_does_not():
@@ -92,7 +108,27 @@ def test_ac_gan_adds_the_class_cross_entropy_to_both_losses():
     assert d_loss.item() == pytest.approx(softplus(-2) + softplus(0.5) + softplus(-2) + softplus(3), rel=1e-6)
     assert real_logits.tolist() == [2.0] and fake_logits.tolist() == [0.5]  # what is logged: the real/fake logit
     # -log sigmoid(0.5), and D naming class 0 of the fake: -log softmax(0, 3)[0]
-    assert objective.g_loss(D, fake, labels).item() == pytest.approx(softplus(-0.5) + softplus(3), rel=1e-6)
+    assert objective.g_loss(D, fake, real, labels).item() == pytest.approx(softplus(-0.5) + softplus(3), rel=1e-6)
+
+
+def test_rpgan_g_loss_reads_d_real_as_a_constant():
+    """G's relativistic loss scores each fake against D's verdict on its paired real, computed under no_grad:
+    G's gradient flows through D(fake) alone, and nothing reaches the data or keeps a graph back to it."""
+    from gan.core.objective import Objective
+    from gan.core.regularizers import build_regularizer
+
+    objective = Objective(get_loss("rpgan"), build_regularizer({"name": "none"}))
+    D = torch.nn.Flatten(0)  # D(x) = x: the logits are the inputs
+    real = torch.tensor([[2.0], [-1.0]], requires_grad=True)  # as if it required grad: it must not get one
+    fake = torch.tensor([[0.5], [-3.0]], requires_grad=True)
+    loss = objective.g_loss(D, fake, real, None)
+    assert loss.item() == pytest.approx((softplus(1.5) + softplus(2.0)) / 2, rel=1e-6)
+    loss.backward()
+    sigmoid = torch.sigmoid
+    # d/dfake_i softplus(-(fake_i - real_i)) / 2 = -sigmoid(-(fake_i - real_i)) / 2
+    expected = -sigmoid(torch.tensor([1.5, 2.0])) / 2
+    assert torch.allclose(fake.grad.flatten(), expected)
+    assert real.grad is None
 
 
 def test_a_latent_code_adds_its_cross_entropy_on_fakes_only():
@@ -109,4 +145,4 @@ def test_a_latent_code_adds_its_cross_entropy_on_fakes_only():
     # -log sigmoid(2) - log(1 - sigmoid(0.5)), then -log softmax(0, 3)[1]; nothing for the real row's classes
     assert d_loss.item() == pytest.approx(softplus(-2) + softplus(0.5) + softplus(-3), rel=1e-6)
     # -log sigmoid(0.5), and D naming code 1 of the fake: -log softmax(0, 3)[1]
-    assert objective.g_loss(D, fake, codes).item() == pytest.approx(softplus(-0.5) + softplus(-3), rel=1e-6)
+    assert objective.g_loss(D, fake, real, codes).item() == pytest.approx(softplus(-0.5) + softplus(-3), rel=1e-6)

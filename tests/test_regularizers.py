@@ -1,4 +1,4 @@
-"""R1, LeCam and spectral norm change D's gradients exactly as their formulas say (float64, by hand)."""
+"""R1, R2, LeCam and spectral norm change D's gradients exactly as their formulas say (float64, by hand)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,33 @@ def test_r1_penalty_and_its_gradient_by_hand():
     dw, dc = torch.autograd.grad(penalty, (w, c))
     assert torch.allclose(dw, 2 * g.mean(0))  # d/dw |w + c x|^2 = 2 (w + c x)
     assert torch.allclose(dc, 2 * (g * X_REAL).sum(1).mean())  # d/dc = 2 (w + c x) . x
+
+
+def test_r1r2_adds_r1_on_real_and_r2_on_fake_by_hand():
+    # D(x) = w.x + c/2 |x|^2: grad_x D = w + c x, so R1 + R2 = mean_i |w + c x_i|^2 + mean_j |w + c y_j|^2.
+    w, c = torch.tensor([0.3, -0.7]), torch.tensor(0.4)
+    D = lambda x: x @ w + c / 2 * x.pow(2).sum(1)  # noqa: E731
+    objective = Objective(get_loss("rpgan"), build_regularizer({"name": "r1r2", "gamma": 3.0, "every": 1}))
+    fake = X_FAKE.clone()  # arrives detached, as the step passes it
+    loss, real_logits, fake_logits = objective.d_loss(D, X_REAL, fake, None)
+    rpgan = F.softplus(-(D(X_REAL) - D(X_FAKE))).mean()
+    r1 = (w + c * X_REAL).pow(2).sum(1).mean()
+    r2 = (w + c * X_FAKE).pow(2).sum(1).mean()
+    assert torch.allclose(loss, rpgan + 3.0 / 2 * (r1 + r2))
+    assert torch.allclose(real_logits, D(X_REAL)) and torch.allclose(fake_logits, D(X_FAKE))
+    assert not fake.requires_grad  # R2's leaf is a copy: the caller's fake is left as it was
+
+
+def test_r1_alone_does_not_differentiate_d_with_respect_to_the_fakes():
+    w = torch.tensor([0.3, -0.7])
+    D = lambda x: x @ w + 0.2 * x.pow(2).sum(1)  # noqa: E731
+    seen = []
+    r1 = build_regularizer({"name": "r1", "gamma": 1.0, "every": 1})
+    r1r2 = build_regularizer({"name": "r1r2", "gamma": 1.0, "every": 1})
+    for reg in (r1, r1r2):
+        Objective(get_loss("rpgan"), reg).d_loss(lambda x: (seen.append(x.requires_grad), D(x))[1], X_REAL,
+                                                 X_FAKE.clone(), None)
+    assert seen == [True, False, True, True]  # (real, fake) with R1, then with R1 + R2
 
 
 def test_lecam_penalty_and_its_gradient_by_hand():

@@ -19,8 +19,11 @@ from gan.errors import ConfigError
 
 @dataclass(frozen=True)
 class AdversarialLoss:
+    """``relativistic``: ``g`` takes ``(fake_logits, real_logits)``, the pairing of each fake with a real."""
+
     d: Callable[[Tensor, Tensor], Tensor]
-    g: Callable[[Tensor], Tensor]
+    g: Callable[..., Tensor]
+    relativistic: bool = False
 
 
 def sigmoid_d(real: Tensor, fake: Tensor) -> Tensor:
@@ -60,12 +63,25 @@ def wasserstein_d(real: Tensor, fake: Tensor) -> Tensor:
     return fake.mean() - real.mean()
 
 
+def rpgan_d(real: Tensor, fake: Tensor) -> Tensor:
+    """Relativistic pairing (RpGAN; Jolicoeur-Martineau 2019, R3GAN's Huang et al. 2024): D scores each real
+    above the fake it is paired with, -log sigmoid(D(x_i) - D(G(z_i))). No single decision boundary
+    between real and fake: D cannot rule a whole region fake, so G is not herded off a mode."""
+    return F.softplus(-(real - fake)).mean()
+
+
+def rpgan_g(fake: Tensor, real: Tensor) -> Tensor:
+    """G's side of the pairing: each fake scored above its real, -log sigmoid(D(G(z_i)) - D(x_i))."""
+    return F.softplus(-(fake - real)).mean()
+
+
 LOSSES = {
     "nonsaturating": AdversarialLoss(sigmoid_d, nonsaturating_g),
     "minimax": AdversarialLoss(sigmoid_d, minimax_g),
     "hinge": AdversarialLoss(hinge_d, critic_g),
     "lsgan": AdversarialLoss(lsgan_d, lsgan_g),
     "wgan_gp": AdversarialLoss(wasserstein_d, critic_g),
+    "rpgan": AdversarialLoss(rpgan_d, rpgan_g, relativistic=True),
 }
 
 

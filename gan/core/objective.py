@@ -64,9 +64,10 @@ class Objective(nn.Module):
                loss_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """D's loss in its update number ``d_update`` (the run's, 0-based), and its logits on real and fake.
         ``fake`` arrives detached (or made under no_grad)."""
-        input_grad = self.regularizer.needs_input_grad(d_update)
-        if input_grad:
+        if self.regularizer.needs_input_grad(d_update):
             real = real.detach().requires_grad_(True)  # R1 differentiates D with respect to its input
+            if self.regularizer.penalizes_fake:
+                fake = fake.detach().requires_grad_(True)  # and R2 too: a new leaf, still cut off from G
         (real_logits, real_classes), (fake_logits, fake_classes) = (self.critic(D, x, labels) for x in (real, fake))
         loss = self.loss.d(real_logits, fake_logits)
         if self.classify and not self.codes:  # D learns to name the class of real images by their label ...
@@ -77,14 +78,20 @@ class Objective(nn.Module):
             penalty = gradient_penalty(lambda x: self.critic(D, x, labels)[0], real, fake, loss_scale)
             loss = loss + self.gp_weight * penalty
         anchors = (self.d_real_mean.value, self.d_fake_mean.value)
-        penalty = self.regularizer.penalty(d_update, real, real_logits, fake_logits, loss_scale, anchors)
+        penalty = self.regularizer.penalty(d_update, real, real_logits, fake, fake_logits, loss_scale, anchors)
         return (loss if penalty is None else loss + penalty), real_logits, fake_logits
 
-    def g_loss(self, D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
-        """G's loss: the adversarial loss on D's verdict about ``fake`` (the step has frozen D), plus, for a
-        classifying D, the cross-entropy of the class (or code) D names against the one G was given."""
+    def g_loss(self, D: nn.Module, fake: Tensor, real: Tensor, labels: Tensor | None) -> Tensor:
+        """G's loss: the adversarial loss on D's verdict about ``fake`` (the step has frozen D) -- for a
+        relativistic loss, against D's verdict about ``real`` -- plus, for a classifying D, the cross-entropy
+        of the class (or code) D names against the one G was given."""
         logits, classes = self.critic(D, fake, labels)
-        loss = self.loss.g(logits)
+        if self.loss.relativistic:
+            with torch.no_grad():  # D(real) is a constant to G: no graph to D's weights or back to the data
+                real_logits = self.critic(D, real, labels)[0]
+            loss = self.loss.g(logits, real_logits)
+        else:
+            loss = self.loss.g(logits)
         return loss + F.cross_entropy(classes, labels) if self.classify else loss
 
     @torch.no_grad()

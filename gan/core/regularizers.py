@@ -1,8 +1,9 @@
-"""Discriminator regularizers, chosen with ``reg=none|r1|lecam`` (configs/reg/) through one registry,
+"""Discriminator regularizers, chosen with ``reg=none|r1|r1r2|lecam`` (configs/reg/) through one registry,
 as the losses are: each adds its penalty to D's loss; the training step never compares names.
 
-A regularizer answers two questions per D update: does D's input need ``requires_grad`` (R1
-differentiates D with respect to the real images), and what does it add to the loss.
+A regularizer answers two questions per D update: do D's inputs need ``requires_grad`` (R1
+differentiates D with respect to the real samples; R2, with ``penalizes_fake``, the fake ones too), and
+what does it add to the loss.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from gan.errors import ConfigError
 class Regularizer:
     """``reg=none``: adds nothing. The base of the others."""
 
+    penalizes_fake = False  # whether its penalty differentiates D with respect to the fake samples too
+
     def needs_input_grad(self, d_step: int) -> bool:
         """Whether the D update numbered ``d_step`` (0-based) differentiates D with respect to ``real``."""
         return False
 
-    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
+    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake: Tensor, fake_logits: Tensor,
                 scale: Tensor | None = None, anchors: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         """What this regularizer adds to D's loss in update ``d_step``; None for nothing. ``scale``:
         float16 mixed precision's loss scale (:func:`gan.core.losses.input_gradient`); ``anchors``: the
@@ -46,11 +49,26 @@ class R1(Regularizer):
     def needs_input_grad(self, d_step: int) -> bool:
         return d_step % self.every == 0
 
-    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
+    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake: Tensor, fake_logits: Tensor,
                 scale: Tensor | None = None, anchors: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         if not self.needs_input_grad(d_step):
             return None
         return self.gamma / 2 * self.every * r1_penalty(real_logits, real, scale)
+
+
+class R1R2(R1):
+    """``gamma / 2 * (E[|grad_x D(x)|^2] + E[|grad_x D(G(z))|^2])``: R1 on real and R2 on fake samples, the
+    pair R3GAN (Huang et al., NeurIPS 2024) proves locally convergent with the relativistic loss. R2 keeps
+    D smooth where G's samples are, so D cannot push them with a steep slope onto a mode's centre."""
+
+    penalizes_fake = True
+
+    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake: Tensor, fake_logits: Tensor,
+                scale: Tensor | None = None, anchors: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
+        if not self.needs_input_grad(d_step):
+            return None
+        both = r1_penalty(real_logits, real, scale) + r1_penalty(fake_logits, fake, scale)
+        return self.gamma / 2 * self.every * both
 
 
 class LeCam(Regularizer):
@@ -59,7 +77,7 @@ class LeCam(Regularizer):
     def __init__(self, weight: float):
         self.weight = weight
 
-    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake_logits: Tensor,
+    def penalty(self, d_step: int, real: Tensor, real_logits: Tensor, fake: Tensor, fake_logits: Tensor,
                 scale: Tensor | None = None, anchors: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         if anchors is None:
             raise ValueError("LeCam anchors on the running means of D's outputs: pass anchors=(real, fake)")
@@ -69,6 +87,7 @@ class LeCam(Regularizer):
 REGULARIZERS: dict[str, Callable[[dict[str, Any]], Regularizer]] = {
     "none": lambda cfg: Regularizer(),
     "r1": lambda cfg: R1(cfg["gamma"], cfg["every"]),
+    "r1r2": lambda cfg: R1R2(cfg["gamma"], cfg["every"]),
     "lecam": lambda cfg: LeCam(cfg["weight"]),
 }
 
@@ -81,7 +100,8 @@ def build_regularizer(cfg: dict[str, Any]) -> Regularizer:
 
 
 def r1_penalty(real_logits: Tensor, real: Tensor, scale: Tensor | None = None) -> Tensor:
-    """R1 (Mescheder et al. 2018): E[||grad_x D(x)||^2] on real data, before the gamma / 2 factor.
+    """R1 (Mescheder et al. 2018): E[||grad_x D(x)||^2] on real data, before the gamma / 2 factor; on fake
+    data the same expression is R2.
 
     ``real`` must have ``requires_grad=True`` and ``real_logits`` must come from it. ``scale``: see
     :func:`gan.core.losses.input_gradient`.

@@ -13,7 +13,8 @@ the extra D updates, whose fakes are made under ``no_grad``.
 
 What the networks minimise is passed in (gan/core/objective.py builds both from plain arguments):
 ``d_loss(D, real, fake, labels, k) -> (loss, real_logits, fake_logits)`` for the step's D update number
-``k`` (0-based), and ``g_loss(D, fake, labels) -> loss``. ``G`` and ``D`` are the modules the step runs:
+``k`` (0-based), and ``g_loss(D, fake, real, labels) -> loss`` (``real``: for a relativistic loss, which
+scores each fake against a real sample). ``G`` and ``D`` are the modules the step runs:
 under ``trainer=ddp`` their DistributedDataParallel wrappers, each of whose backwards all-reduces the
 network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
 ``manual_backward``, which adds mixed-precision loss scaling. ``phase(name)`` says which part of the
@@ -34,7 +35,7 @@ from gan.core.contexts import frozen, no_sync
 from gan.core.phases import untimed
 
 DLoss = Callable[[nn.Module, Tensor, Tensor, "Tensor | None", int], tuple[Tensor, Tensor, Tensor]]
-GLoss = Callable[[nn.Module, Tensor, "Tensor | None"], Tensor]
+GLoss = Callable[[nn.Module, Tensor, Tensor, "Tensor | None"], Tensor]
 Backward = Callable[[Tensor], None]
 Phase = Callable[[str], AbstractContextManager[None]]
 
@@ -77,7 +78,7 @@ def generator_step(G: nn.Module, D: nn.Module, opt_g: Optimizer, opt_d: Optimize
     # detach() cuts the graph at `fake`: D's backward stops there, so it computes nothing for G,
     # leaves G's .grad untouched, and does not free G's graph, which g_update still needs.
     d = d_update(D, opt_d, d_loss, real, fake.detach(), labels, len(extra), backward, phase)
-    return StepResult([*updates, d], g_update(D, opt_g, g_loss, fake, labels, backward, phase))
+    return StepResult([*updates, d], g_update(D, opt_g, g_loss, fake, real, labels, backward, phase))
 
 
 def d_update(D: nn.Module, opt_d: Optimizer, d_loss: DLoss, real: Tensor, fake: Tensor, labels: Tensor | None,
@@ -92,7 +93,7 @@ def d_update(D: nn.Module, opt_d: Optimizer, d_loss: DLoss, real: Tensor, fake: 
     return DUpdate(loss.detach(), real_logits.detach(), fake_logits.detach())
 
 
-def g_update(D: nn.Module, opt_g: Optimizer, g_loss: GLoss, fake: Tensor, labels: Tensor | None,
+def g_update(D: nn.Module, opt_g: Optimizer, g_loss: GLoss, fake: Tensor, real: Tensor, labels: Tensor | None,
              backward: Backward = Tensor.backward, phase: Phase = untimed) -> Tensor:
     """One generator update through the undetached ``fake``, with D frozen.
 
@@ -105,7 +106,7 @@ def g_update(D: nn.Module, opt_g: Optimizer, g_loss: GLoss, fake: Tensor, labels
     # frozen, so it has none, and no_sync(D) keeps D's wrapper from preparing a reduction for them.
     with frozen(D), no_sync(D):
         with phase("g_forward"):
-            loss = g_loss(D, fake, labels)
+            loss = g_loss(D, fake, real, labels)  # a relativistic loss reads D(real) as a constant (no_grad)
         with phase("g_backward"):
             opt_g.zero_grad(set_to_none=True)
             backward(loss)

@@ -67,7 +67,7 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
     # with D left trainable. SGD with lr 0: the weights stay as they are across repeats.
     opt_g = torch.optim.SGD(g.parameters(), lr=0.0)
 
-    def g_loss(D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
+    def g_loss(D: nn.Module, fake: Tensor, real: Tensor, labels: Tensor | None) -> Tensor:
         return LOSS.g(D(fake))
 
     def g_update(frozen_d: bool) -> Callable[[], object]:
@@ -75,11 +75,11 @@ def freeze(device: torch.device, *, size: int = 32, width: int = 32, batch: int 
         d.zero_grad(set_to_none=True)
         fake = g(z)  # G's forward is not part of the comparison
         if frozen_d:
-            return partial(step.g_update, d, opt_g, g_loss, fake, None)
+            return partial(step.g_update, d, opt_g, g_loss, fake, real, None)
 
         def trainable() -> None:
             opt_g.zero_grad(set_to_none=True)
-            g_loss(d, fake, None).backward()
+            g_loss(d, fake, real, None).backward()
             opt_g.step()
         return trainable
 
@@ -127,7 +127,7 @@ def generator_step_variant(variant: str, g: nn.Module, d: nn.Module, z: Tensor, 
     the D update on the undetached fake, with ``retain_graph=True`` or with neither."""
     opt_g, opt_d = adam(g), adam(d)
 
-    def g_loss(D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
+    def g_loss(D: nn.Module, fake: Tensor, real: Tensor, labels: Tensor | None) -> Tensor:
         return LOSS.g(D(fake))
 
     if variant == "detach":
@@ -137,7 +137,7 @@ def generator_step_variant(variant: str, g: nn.Module, d: nn.Module, z: Tensor, 
         fake = g(z)
         backward = partial(Tensor.backward, retain_graph=variant == "retain_graph")
         step.d_update(d, opt_d, d_loss, real, fake, None, 0, backward)
-        step.g_update(d, opt_g, g_loss, fake, None)
+        step.g_update(d, opt_g, g_loss, fake, real, None)
     return contrast
 
 

@@ -31,8 +31,8 @@ def step_graphs(device: torch.device, batch: int = 4) -> dict[str, Graph]:
                 return out
             return d_loss
 
-        def g_loss(D: nn.Module, fake: Tensor, labels: Tensor | None) -> Tensor:
-            loss = module.objective.g_loss(D, fake, labels)
+        def g_loss(D: nn.Module, fake: Tensor, real: Tensor, labels: Tensor | None) -> Tensor:
+            loss = module.objective.g_loss(D, fake, real, labels)
             graphs["g_loss"] = recorder.graph("G loss", loss, "the G update: through D(fake), with D frozen", known)
             return loss
 
@@ -43,7 +43,7 @@ def step_graphs(device: torch.device, batch: int = 4) -> dict[str, Graph]:
         step.d_update(d, adam(d), recorded_d_loss("d_loss_without_detach", "a D update on the undetached fake"),
                       real, fake, None)
         # The G loss as g_update computes it, without g_update's frozen(D).
-        graphs["g_loss_d_not_frozen"] = recorder.graph("G loss", module.objective.g_loss(d, g(z), None),
+        graphs["g_loss_d_not_frozen"] = recorder.graph("G loss", module.objective.g_loss(d, g(z), real, None),
                                                        "a G loss with D not frozen", known)
     with ForwardRecorder(G=g, D=d) as recorder:
         graphs["sampling"] = recorder.graph("samples", module.generate(z), "GANModule.generate, under evaluating(G)")
