@@ -46,8 +46,8 @@ def test_the_readme_notebook_cell_trains_and_evaluates(tmp_path, monkeypatch):
         assert run.metrics[tag] == pytest.approx(events.Scalars(tag)[-1].value)
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert metrics["modes_total"] == 8 and metrics["step"] == 6
-    G = run.generator()  # <run>/generator.pt; the ring's recipe gives G a latent code of 8 values beside z
-    assert G.num_classes == 8 and G(torch.randn(3, G.z_dim), torch.randint(G.num_classes, (3,))).shape == (3, 2)
+    G = run.generator()  # <run>/generator.pt; the ring's recipe gives G noise alone
+    assert G.num_classes == 0 and G(torch.randn(3, G.z_dim)).shape == (3, 2)
 
 
 def test_evaluate_returns_metrics_json_and_train_returns_the_last_evaluation(tmp_path):

@@ -124,7 +124,7 @@ def test_ring_run_evaluation_by_the_mode_protocol(ring_run, tmp_path):
     assert run_evaluate(f"run_dir={run}", f"ckpt={run / 'checkpoints' / 'step_000003.ckpt'}") == 0
     metrics = json.loads((run / "eval" / "metrics.json").read_text())
     assert MIXTURE_KEYS <= set(metrics) and metrics["modes_total"] == 8 and metrics["step"] == 3
-    assert "class_accuracy" not in metrics  # the recipe's latent code names no mode of the data
+    assert "class_accuracy" not in metrics  # an unconditional G's samples have no mode to be checked against
     assert 0 <= metrics["modes"] <= 8 and 0.0 <= metrics["high_quality"] <= 1.0
     samples = np.load(run / "eval" / "samples.npz")["samples"]
     assert samples.dtype == np.float32 and samples.shape == (2500, 2)  # the protocol's count
@@ -279,7 +279,8 @@ def test_a_latent_code_is_drawn_from_its_prior_for_the_scored_samples():
     from gan.evaluation.sampling import generate_samples
     from gan.training.builder import build_module
 
-    module = build_module(OmegaConf.to_container(compose_config("experiment=ring", "model.hidden=16"), resolve=True),
+    module = build_module(OmegaConf.to_container(compose_config("experiment=ring", "model.hidden=16", "model.codes=8"),
+                                              resolve=True),
                           (2,))
     given: list[torch.Tensor] = []
     module.sampling_generator.register_forward_pre_hook(lambda _, args: given.append(args[1]))

@@ -86,7 +86,8 @@ class CountPerStep(L.Callback):
 
 RECIPES = {
     "digits (DiffAugment, LeCam, EMA)": ["experiment=digits"],
-    "ring (R1, linear decay, latent code)": ["experiment=ring", "model.hidden=16"],
+    "ring (RpGAN, R1 + R2, linear decay)": ["experiment=ring", "model.hidden=16"],
+    "R1, latent code": ["experiment=ring", "model.hidden=16", "reg=r1", "model.codes=8"],
     "ADA": ["augment=ada", "augment.interval=2"],
     "EMA off": ["ema.enabled=false"],
     "wgan_gp, 5 D updates": ["loss=wgan_gp"],
