@@ -28,6 +28,7 @@ def tiny(tmp_path, *overrides: str):
     (("loss=wgan_gp", "model.d_batchnorm=false"), 10),
     (("reg=r1", "reg.every=2", "augment=ada", "model.conditional=true", "model.spectral_norm=true"), 2),
     (("experiment=ring", "model.codes=0", "model.conditional=true", "loss=lsgan"), 2),
+    (("loss=rpgan", "reg=r1r2", "reg.every=2"), 2),  # G's loss runs D on the reals too, under no_grad
 ])
 def test_the_real_step_passes_the_audit(tmp_path, overrides, d_steps):
     module = train(tiny(tmp_path, *overrides))
