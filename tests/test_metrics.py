@@ -36,6 +36,7 @@ from gan.evaluation.metrics import (
     mixture_metrics,
     quantize,
     real_images,
+    scalars,
     stacked_modes,
 )
 
@@ -99,7 +100,8 @@ def test_spread_of_an_even_number_of_modes_is_the_mean_of_the_middle_two():
 
 def test_no_captured_mode_has_no_spread():
     result = mixture_metrics(torch.zeros(10, 2), RING, RING_STD)  # the ring's centre is 1 from every mean
-    assert result["modes"] == 0 and math.isnan(result["spread"])
+    assert result["modes"] == 0 and result["spread"] is None  # nothing to measure: null in metrics.json
+    assert "metrics/spread" not in scalars(result) and scalars(result)["metrics/modes"] == 0.0  # and not logged
 
 
 def test_all_samples_in_one_mode_give_log_k():

@@ -105,7 +105,7 @@ def test_a_latent_code_is_drawn_at_each_step_not_read_from_the_data(tmp_path):
     to draw (class conditioning in disguise). G's codes are fresh uniform draws over the code's values."""
     from omegaconf import OmegaConf
 
-    cfg = compose_config("experiment=ring", "model.hidden=16", "audit=false", run_dir=tmp_path)
+    cfg = compose_config("experiment=ring", "model.hidden=16", "model.codes=8", "audit=false", run_dir=tmp_path)
     module = build_module(OmegaConf.to_container(cfg, resolve=True), (2,))
     given: list[torch.Tensor] = []
     module.G.register_forward_pre_hook(lambda _, args: given.append(args[1].clone()))

@@ -156,7 +156,8 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     atomic_write(out / "samples.npz", lambda f: np.savez_compressed(f, samples=stored))
     writer = SummaryWriter(str(run / "tensorboard"))
     title = (f"step {step}: {values['modes']}/{values['modes_total']} modes, "
-             f"{values['high_quality']:.0%} high quality, spread {values['spread']:.2f}") if points else ""
+             f"{values['high_quality']:.0%} high quality"
+             + ("" if values["spread"] is None else f", spread {values['spread']:.2f}")) if points else ""
     real_points = real_points_for_plot(dataset) if points else None
     means = mixture_means(run_cfg["data"]["name"]) if points else None
     suffix = "" if tag == "metrics" else f"_{generator}"

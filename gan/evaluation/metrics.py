@@ -66,7 +66,7 @@ CONFIDENCE = 0.9
 
 # --- 2D mixtures ---------------------------------------------------------------------------------
 
-def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, float | int]:
+def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, float | int | None]:
     """The PacGAN / VEEGAN protocol: each sample belongs to its nearest mean.
 
     A sample is high quality within 3 std of that mean; a mode is captured when at least one high
@@ -83,18 +83,18 @@ def mixture_metrics(samples: Tensor, means: Tensor, std: float) -> dict[str, flo
             **spread(distance[high_quality], nearest[high_quality], num_modes, std)}
 
 
-def spread(distance: Tensor, nearest: Tensor, num_modes: int, std: float) -> dict[str, float]:
+def spread(distance: Tensor, nearest: Tensor, num_modes: int, std: float) -> dict[str, float | None]:
     """Each captured mode's rms distance of its samples to its mean, over the data's (``std * sqrt(2)``, a
-    2D Gaussian's): ``spread`` is the median mode's, ``spread_min`` / ``spread_max`` the extremes (NaN when
-    no mode is captured). Real data scores about 1; a mode learned as a near point scores near 0, which the
-    high-quality share cannot see. ``distance`` and ``nearest``: the high-quality samples' distances to
-    their nearest means and those means' indices."""
+    2D Gaussian's): ``spread`` is the median mode's, ``spread_min`` / ``spread_max`` the extremes (None when
+    no mode is captured: nothing to measure, and nothing logged). Real data scores 0.974; a mode learned as
+    a near point scores near 0, which the high-quality share cannot see. ``distance`` and ``nearest``: the
+    high-quality samples' distances to their nearest means and those means' indices."""
     counts = torch.bincount(nearest, minlength=num_modes)
     squares = torch.zeros(num_modes, dtype=distance.dtype, device=distance.device)
     squares.index_add_(0, nearest, distance.pow(2))
     ratios = (squares[counts > 0] / counts[counts > 0]).sqrt() / (std * 2 ** 0.5)
     if not len(ratios):
-        return {"spread": float("nan"), "spread_min": float("nan"), "spread_max": float("nan")}
+        return {"spread": None, "spread_min": None, "spread_max": None}
     # torch.median picks the lower of the two middle values; the mean of both is the usual median
     middle = ratios.sort().values
     median = (middle[(len(middle) - 1) // 2] + middle[len(middle) // 2]) / 2
