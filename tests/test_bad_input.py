@@ -86,6 +86,17 @@ def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_an_accelerator_this_machine_lacks_is_one_line_and_its_advice_runs(tmp_path, capsys):
+    assert run_train(tmp_path / "run", "trainer.accelerator=gpu") == 2
+    assert one_line(capsys) == ("error: trainer.accelerator=gpu: this machine has no such device (torch sees none): "
+                                "use trainer.accelerator=auto, which takes what there is, or trainer.accelerator=cpu")
+    assert not (tmp_path / "run").exists()
+    for fix in ("trainer.accelerator=auto", "trainer.accelerator=cpu"):
+        validate(compose_config(*TINY, fix))
+    assert run_train(tmp_path / "cpu", "trainer.accelerator=cpu") == 0
+
+
 def test_bounds_hold_only_where_the_chosen_option_has_the_key_and_minus_one_devices_means_all():
     validate(compose_config(*TINY, "experiment=ring"))  # model=mlp: no model.width
     validate(compose_config(*TINY, "trainer.devices=-1"))

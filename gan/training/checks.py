@@ -94,6 +94,7 @@ def validate(cfg: DictConfig) -> DictConfig:
                           "when a backward leaves parameters without gradients, as every GAN step does (fake.detach(), "
                           f"frozen D): use trainer=ddp ({strategy.NAME}: G and D wrapped separately) or "
                           "trainer=ddp_find_unused")
+    check_accelerator(str(cfg.trainer.accelerator))
     if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
         raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
                           "CPUs): leave it false here")
@@ -111,6 +112,20 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
     return cfg
+
+
+# trainer.accelerator values that name a kind of device, and whether this machine has one (Lightning's own
+# refusal of a missing one is a traceback from its accelerator connector).
+DEVICE_KINDS = {"gpu": lambda: torch.cuda.is_available() or torch.backends.mps.is_available(),
+                "cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}
+
+
+def check_accelerator(accelerator: str) -> None:
+    """Refuse ``trainer.accelerator`` naming a kind of device this machine does not have."""
+    available = DEVICE_KINDS.get(accelerator)
+    if available is not None and not available():
+        raise ConfigError(f"trainer.accelerator={accelerator}: this machine has no such device (torch sees none): "
+                          "use trainer.accelerator=auto, which takes what there is, or trainer.accelerator=cpu")
 
 
 class CheckBeforeWriting(Callback):
