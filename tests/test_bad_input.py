@@ -86,6 +86,16 @@ def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
 
 
+def test_a_run_directory_set_as_paths_run_dir_is_refused_and_hydra_run_dir_keeps_the_run_whole(tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    assert run_train(tmp_path / "run", f"paths.run_dir={elsewhere}") == 2
+    assert one_line(capsys) == (f"error: paths.run_dir={elsewhere}: train.py puts a run where Hydra runs it, so set "
+                                f"hydra.run.dir={elsewhere} instead")
+    assert not (tmp_path / "run").exists() and not elsewhere.exists()
+    assert run_train(elsewhere) == 0  # the advice: hydra.run.dir=<dir> (run_train passes it)
+    assert (elsewhere / ".hydra" / "config.yaml").is_file() and (elsewhere / "checkpoints" / "last.ckpt").is_file()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_an_accelerator_this_machine_lacks_is_one_line_and_its_advice_runs(tmp_path, capsys):
     assert run_train(tmp_path / "run", "trainer.accelerator=gpu") == 2

@@ -128,6 +128,18 @@ def check_accelerator(accelerator: str) -> None:
                           "use trainer.accelerator=auto, which takes what there is, or trainer.accelerator=cpu")
 
 
+# paths.run_dir as configs/train.yaml sets it: the directory Hydra runs the job in.
+HYDRA_RUN_DIR = "${hydra:runtime.output_dir}"
+
+
+def check_run_dir_key(given: str) -> None:
+    """Refuse ``paths.run_dir`` set on train.py's command line: the checkpoints would go there and
+    ``.hydra/`` and train.log to ``hydra.run.dir``, a run evaluate.py cannot read."""
+    if given != HYDRA_RUN_DIR:
+        raise ConfigError(f"paths.run_dir={given}: train.py puts a run where Hydra runs it, so set "
+                          f"hydra.run.dir={shlex.quote(str(given))} instead")
+
+
 class CheckBeforeWriting(Callback):
     """A Hydra callback (configs/train.yaml): train.py's checks of its config and run directory, made
     before Hydra writes ``<run>/.hydra/`` -- which, for a run refused because its directory holds
@@ -139,6 +151,7 @@ class CheckBeforeWriting(Callback):
         del task["hydra"]
         task["paths"]["run_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} will be; not set yet
         with reported():  # Hydra turns an exception raised in a callback into a warning, and runs on
+            check_run_dir_key(OmegaConf.to_container(config, resolve=False)["paths"]["run_dir"])
             cfg = validate(OmegaConf.create(task))
             check_run_dir(run_dir, cfg.ckpt_path)
             check_writable(run_dir)
