@@ -46,8 +46,8 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
     ``run_dir`` takes the place of ``hydra.run.dir`` (default: ``outputs/<date>/<time>`` under the
     current directory, as train.py's).
     """
-    from gan.training.builder import train as fit
     from gan.training.checks import check_run_dir, check_writable, validate
+    from gan.training.loop import train as fit
 
     run = Path(run_dir) if run_dir is not None else new_run_dir()
     cfg = compose(*overrides, run_dir=run)

@@ -17,9 +17,9 @@ at the first violation:
   ``requires_grad`` flags, and returns tensors without a graph;
 * values sent to loggers are plain Python numbers.
 
-The gradient checks hang on Lightning's hooks (``on_before_backward``, ``on_before_optimizer_step``), the
-optimizer checks on torch's global optimizer step hooks, the mode check on G's and D's forward pre-hooks,
-so the training step itself carries no audit code.
+The gradient and optimizer checks hang on G's and D's optimizers' step hooks and on the loop's
+backward, the mode check on G's and D's forward pre-hooks, so the training step itself carries no audit
+code.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim import Optimizer
+
+from gan.core.phases import PhaseTimer
 
 
 class AuditError(AssertionError):
@@ -77,39 +78,37 @@ def expected_to_change(D: nn.Module) -> set[str]:
     return names
 
 
-class AutogradAudit(L.Callback):
-    """Checks the detach / freeze split of every D and G update of a :class:`GANModule`. Which update a
-    backward or an optimizer step belongs to is read from the step's own phase record
-    (``pl_module.timer``: gan/core/phases.py), not guessed."""
+class AutogradAudit:
+    """Checks the detach / freeze split of every D and G update of a :class:`GANModule` trained with the
+    optimizers ``opt_g`` and ``opt_d``. Which update a backward or an optimizer step belongs to is read
+    from the step's own phase record (``phases``: gan/core/phases.py), not guessed. ``scaler``: float16's
+    GradScaler, or None. The loop calls :meth:`step_start`, :meth:`before_backward` and :meth:`step_end`;
+    the optimizers' step hooks and G's and D's forward pre-hooks, registered here, do the rest, and
+    :meth:`close` removes them."""
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        # The optimizers' global step hooks fire for every optimizer (a feature classifier's too): only G's
-        # and D's are checked. D's state is recorded right after the last D update of each step, before
-        # the G update runs D forward: no Lightning hook sits there, the optimizers' step hook does.
-        self.updates = {id(trainer.optimizers[0]): "G", id(trainer.optimizers[1]): "D"}
+    def __init__(self, module: Any, opt_g: Optimizer, opt_d: Optimizer, phases: PhaseTimer,
+                 scaler: Any = None):
+        self.module, self.phases, self.scaler = module, phases, scaler
+        self.updates = {id(opt_g): "G", id(opt_d): "D"}
         self.steps = {"G": 0, "D": 0}
+        # D's state is recorded right after the last D update of each step, before the G update runs D
+        # forward: the optimizer's step hook sits there.
         self.hooks = [
-            register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.before_step(pl_module, opt)),
-            register_optimizer_step_post_hook(lambda opt, args, kwargs: self.after_step(pl_module, opt, kwargs)),
-            *(getattr(pl_module, n).register_forward_pre_hook(self.in_train_mode(pl_module, n)) for n in "GD"),
+            *(o.register_step_pre_hook(lambda opt, args, kw: self.before_step(opt)) for o in (opt_g, opt_d)),
+            *(o.register_step_post_hook(lambda opt, args, kw: self.after_step(opt, kw)) for o in (opt_g, opt_d)),
+            *(getattr(module, n).register_forward_pre_hook(self.in_train_mode(n)) for n in "GD"),
         ]
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        self.remove_hooks()
-
-    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
-        self.remove_hooks()  # training may fail before it starts (e.g. reading the data): none yet
-
-    def remove_hooks(self) -> None:
-        for hook in getattr(self, "hooks", []):
+    def close(self) -> None:
+        for hook in self.hooks:
             hook.remove()
         self.hooks = []
 
-    def in_train_mode(self, pl_module: Any, name: str) -> Callable[..., None]:
+    def in_train_mode(self, name: str) -> Callable[..., None]:
         """A forward pre-hook for ``name`` (G or D): in a phase of the step, every submodule is in train mode."""
 
         def check(module: nn.Module, args: Any) -> None:
-            phase = pl_module.timer.current
+            phase = self.phases.current
             if phase not in ("g_forward", "d_forward_backward"):
                 return  # sampling and metrics, outside the step: eval mode there
             for sub, m in module.named_modules():
@@ -120,22 +119,24 @@ class AutogradAudit(L.Callback):
 
         return check
 
-    def network_of(self, pl_module: Any, optimizer: Any) -> str | None:
-        """"G" or "D" for G's or D's optimizer, None for any other; an optimizer stepped in the other
-        network's update is an error."""
-        network = self.updates.get(id(optimizer))
-        if network is not None and network != pl_module.timer.network:
-            raise AuditError(f"{network}'s optimizer stepped in the {pl_module.timer.network} update")
+    def network_of(self, optimizer: Any) -> str:
+        """"G" or "D" for G's or D's optimizer; an optimizer stepped in the other network's update is an error."""
+        network = self.updates[id(optimizer)]
+        if network != self.phases.network:
+            raise AuditError(f"{network}'s optimizer stepped in the {self.phases.network} update")
         return network
 
-    def before_step(self, pl_module: Any, optimizer: Any) -> None:
-        network = self.network_of(pl_module, optimizer)
-        if network is None:
-            return
-        module = getattr(pl_module, network)
+    def before_step(self, optimizer: Any) -> None:
+        network = self.network_of(optimizer)
+        if network == "D":
+            self.check_d_update()
+        else:
+            self.check_g_update()
+        module = getattr(self.module, network)
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         names = {id(p): f"{network}.{n}" for n, p in module.named_parameters()}
-        others = {id(p): f"{n}.{q}" for n in "GD" if n != network for q, p in getattr(pl_module, n).named_parameters()}
+        other = "D" if network == "G" else "G"
+        others = {id(p): f"{other}.{q}" for q, p in getattr(self.module, other).named_parameters()}
         for key in held - names.keys():
             raise AuditError(f"{network}'s optimizer holds {others.get(key, 'a parameter')}, which is not {network}'s")
         for n, p in module.named_parameters():
@@ -147,12 +148,10 @@ class AutogradAudit(L.Callback):
         # All zero (a D so sure of itself that the G loss saturates): an update with nothing to apply.
         self.has_gradient = bool(gradients) and bool(torch.stack(torch._foreach_norm(gradients)).any())
 
-    def after_step(self, pl_module: Any, optimizer: Any, kwargs: dict[str, Any]) -> None:
-        network = self.network_of(pl_module, optimizer)
-        if network is None:
-            return
+    def after_step(self, optimizer: Any, kwargs: dict[str, Any]) -> None:
+        network = self.network_of(optimizer)
         self.steps[network] += 1
-        module = getattr(pl_module, network)
+        module = getattr(self.module, network)
         found_inf = kwargs.get("found_inf", getattr(optimizer, "found_inf", None))  # the guard's (or GradScaler's)
         skipped = found_inf is not None and bool(found_inf.item())
         moved = first_difference(self.weights, dict(module.named_parameters())) is not None
@@ -160,49 +159,42 @@ class AutogradAudit(L.Callback):
             lrs = sorted({group["lr"] for group in optimizer.param_groups})
             raise AuditError(f"the {network} update moved none of {network}'s weights (learning rate {lrs}): "
                              f"its optimizer must step {network}'s parameters with their gradients")
-        timer = pl_module.timer
-        if network == "D" and timer.d_update == pl_module.d_steps - 1:
-            self.d_state = snapshot({**dict(pl_module.D.named_parameters()), **dict(pl_module.D.named_buffers())})
+        if network == "D" and self.phases.d_update == self.module.d_steps - 1:
+            D = self.module.D
+            self.d_state = snapshot({**dict(D.named_parameters()), **dict(D.named_buffers())})
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+    def step_start(self) -> None:
         self.steps = {"G": 0, "D": 0}
 
-    def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
-        phase = pl_module.timer.network
-        updated = pl_module.D if phase == "D" else pl_module.G
+    def before_backward(self, loss: Tensor) -> None:
+        phase = self.phases.network
+        updated = self.module.D if phase == "D" else self.module.G
         for name, p in updated.named_parameters():
             if p.grad is not None:
                 raise AuditError(f"{phase}.{name} already holds a gradient before the {phase} backward: it "
                                  "would be added to, not replaced; call zero_grad(set_to_none=True) first")
-        self.g_grads, self.d_grads = snapshot(grads(pl_module.G)), snapshot(grads(pl_module.D))
+        self.g_grads, self.d_grads = snapshot(grads(self.module.G)), snapshot(grads(self.module.D))
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
-        if pl_module.timer.network == "D":
-            self.check_d_update(pl_module)
-        else:
-            self.check_g_update(pl_module)
-
-    def check_d_update(self, pl_module: Any) -> None:
-        changed = first_difference(self.g_grads, grads(pl_module.G))
+    def check_d_update(self) -> None:
+        changed = first_difference(self.g_grads, grads(self.module.G))
         if changed:
             raise AuditError(f"D update changed the gradient of G.{changed}: the D loss must use fake.detach()")
-        require_gradients(pl_module.D, "D", "")
+        require_gradients(self.module.D, "D", "")
 
-    def check_g_update(self, pl_module: Any) -> None:
-        changed = first_difference(self.d_grads, grads(pl_module.D))
+    def check_g_update(self) -> None:
+        changed = first_difference(self.d_grads, grads(self.module.D))
         if changed:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
-        require_gradients(pl_module.G, "G", ": the G loss must reach every weight of G through the undetached fake")
+        require_gradients(self.module.G, "G", ": the G loss must reach every weight of G through the undetached fake")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        expected = {"D": pl_module.d_steps, "G": 1}
+    def step_end(self) -> None:
+        expected = {"D": self.module.d_steps, "G": 1}
         for network, count in expected.items():
             # float16's GradScaler does not call an optimizer that takes no found_inf when it skips its step.
-            if self.steps[network] != count and pl_module.grad_scaler() is None:
+            if self.steps[network] != count and self.scaler is None:
                 raise AuditError(f"{network}'s optimizer stepped {self.steps[network]} times in a generator step, "
                                  f"not {count}: the step must call its step() once per {network} update")
-        D = pl_module.D
+        D = self.module.D
         allowed = expected_to_change(D)
         kept = {name: t for name, t in self.d_state.items() if name not in allowed}
         changed = first_difference(kept, {**dict(D.named_parameters()), **dict(D.named_buffers())})

@@ -8,22 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from gan.errors import ConfigError
 from gan.files import atomic_write
 from gan.training.legacy import upgrade
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` through :func:`atomic_write`.
-
-    Lightning's own writer stages the bytes in the system temp directory and *moves* them, which
-    degrades to a non-atomic copy when the run directory is on another filesystem.
-    """
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        atomic_write(path, lambda f: torch.save(checkpoint, f))
+def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """``torch.save`` through :func:`atomic_write`: a reader never sees half a checkpoint, and a save that
+    fails or is killed leaves the file that was there."""
+    atomic_write(path, lambda f: torch.save(checkpoint, f))
 
 
 # torch.load(weights_only=True)'s words for a pickled object it will not rebuild.

@@ -16,12 +16,15 @@ from gan.cli import reported
 from gan.core.models import d_classifies
 from gan.data.datasets import data_shape, is_points
 from gan.errors import ConfigError
-from gan.training import strategy
 from gan.training.checkpoint import mismatched, read_checkpoint
 from gan.training.loggers import check_loggers
 from gan.training.module import GANModule
 from gan.training.resume import Change, changes, check_changes
 from gan.training.schema import TrainConfig, conform
+
+# trainer.strategy=ddp_separate (configs/trainer/ddp.yaml): G and D each in a DistributedDataParallel of its own,
+# built by the loop (gan/training/loop.py).
+SEPARATE_DDP = "ddp_separate"
 
 
 def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
@@ -92,7 +95,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.trainer.strategy == "ddp":
         raise ConfigError("trainer.strategy=ddp wraps the whole module in one DistributedDataParallel, which fails "
                           "when a backward leaves parameters without gradients, as every GAN step does (fake.detach(), "
-                          f"frozen D): use trainer=ddp ({strategy.NAME}: G and D wrapped separately) or "
+                          f"frozen D): use trainer=ddp ({SEPARATE_DDP}: G and D wrapped separately) or "
                           "trainer=ddp_find_unused")
     check_accelerator(str(cfg.trainer.accelerator))
     if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):

@@ -1,7 +1,7 @@
 """A non-finite loss or gradient never reaches the weights, and the step never waits for the device to
 say so.
 
-After each backward and before its optimizer step (Lightning's ``on_before_optimizer_step``), the loss
+After each backward and before its optimizer step (an optimizer step pre-hook the loop registers), the loss
 and the gradients are judged on the device: one fused norm over all gradients, since a non-finite
 element makes its tensor's norm non-finite. The verdict goes to the optimizer as ``found_inf``, the
 tensor torch's fused optimizers take (as GradScaler uses them): a non-finite update is skipped on the
@@ -22,12 +22,12 @@ fused), and float16's GradScaler, which skips such a step itself, are judged at 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
 
-import lightning as L
 import torch
 from torch import Tensor
 
+from gan.core.state import StepCounters
 from gan.errors import RunError
 
 log = logging.getLogger(__name__)
@@ -41,25 +41,29 @@ def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
     return all(group.get("fused", False) for group in optimizer.param_groups)
 
 
-class NonFiniteGuard(L.Callback):
-    """``skip``: train.skip_nonfinite. :meth:`read` is called before the module logs (every ``log.every``
-    generator steps), before a checkpoint is written, and at the end of training."""
+class NonFiniteGuard:
+    """``skip``: train.skip_nonfinite; ``counters``: the module's (gan/core/state.py), which count the skipped
+    updates; ``scaler``: float16's GradScaler, or None; ``agree``: under DDP, whether every rank's verdict is
+    True (one all-reduce), else the verdict itself. The loop calls :meth:`before_backward` and
+    :meth:`judge`, and :meth:`read` before it logs (every ``log.every`` generator steps), before a checkpoint
+    is written, and at the end of training."""
 
-    def __init__(self, skip: bool):
-        self.skip = skip
+    def __init__(self, skip: bool, counters: StepCounters, d_steps: int, scaler: torch.amp.GradScaler | None = None,
+                 agree: Callable[[bool], bool] = lambda ok: ok):
+        self.skip, self.counters, self.d_steps, self.scaler, self.agree = skip, counters, d_steps, scaler, agree
         self.loss: Tensor | None = None
         # network -> the first bad update since the last read, coded as one integer on the device (NONE: none)
         self.first_bad: dict[str, Tensor] = {}
         self.flags: dict[str, Tensor] = {}  # 1.0 where the update (or its loss alone) is not finite
 
-    def on_before_backward(self, trainer: L.Trainer, pl_module: Any, loss: Tensor) -> None:
+    def before_backward(self, loss: Tensor) -> None:
         self.loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
-        network, update = pl_module.timer.network, pl_module.timer.d_update  # as the step says (gan/core/phases.py)
-        step = pl_module.counters.g + 1
-        scaler = pl_module.grad_scaler()
-        skipped = getattr(pl_module.counters, f"skipped_{network.lower()}")
+    def judge(self, optimizer: torch.optim.Optimizer, network: str, update: int) -> None:
+        """Before ``network``'s optimizer steps (update number ``update`` of the step, as it says)."""
+        step = self.counters.g + 1
+        scaler = self.scaler
+        skipped = getattr(self.counters, f"skipped_{network.lower()}")
         # Not the gradients under float16's GradScaler: non-finite ones are how it learns its scale is too
         # high, and it skips such a step itself.
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -87,16 +91,13 @@ class NonFiniteGuard(L.Callback):
         # Judged now, with one host read: an optimizer that takes no found_inf cannot skip on the device.
         ok = bool(finite.item())
         if scaler is not None:  # each rank judged its own loss: all must agree (DDP; nothing on one device)
-            ok = trainer.strategy.reduce_boolean_decision(ok, all=True)
+            ok = self.agree(ok)
         if not ok:
-            self.failed(pl_module, network, step, update, bool(torch.isfinite(self.loss)))
+            self.failed(network, step, update, bool(torch.isfinite(self.loss)))
             optimizer.zero_grad(set_to_none=True)  # torch's optimizers step no parameter that has no gradient
             skipped.add_(1)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        self.read(pl_module)
-
-    def read(self, pl_module: Any) -> None:
+    def read(self) -> None:
         """The verdicts since the last read, from the device in one transfer; then reset to "none"."""
         if not self.first_bad:
             return
@@ -106,10 +107,10 @@ class NonFiniteGuard(L.Callback):
             first.fill_(NONE)
         bad = sorted((code, network) for code, network in zip(codes, networks) if code != NONE)
         if bad:
-            self.failed(pl_module, bad[0][1], *decode(bad[0][0]))
+            self.failed(bad[0][1], *decode(bad[0][0]))
 
-    def failed(self, pl_module: Any, network: str, step: int, update: int, loss_finite: bool) -> None:
-        d_steps = pl_module.d_steps
+    def failed(self, network: str, step: int, update: int, loss_finite: bool) -> None:
+        d_steps = self.d_steps
         where = f"generator step {step}, {network} update" + (f" {update + 1} of {d_steps}"
                                                                 if network == "D" and d_steps > 1 else "")
         what = ("the loss is finite but its gradients are not (backward)" if loss_finite

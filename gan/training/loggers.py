@@ -1,7 +1,7 @@
 """The run's loggers, one Lightning logger per entry of the ``logger`` config group (configs/logger/).
 
 Every logger receives the scalars (``logger.log_metrics``) and the hyperparameters (Lightning's
-``log_hyperparams`` at the start of fit). Pictures -- sample grids, the autograd graph of the G loss --
+``log_hyperparams`` when training starts). Pictures -- sample grids, the autograd graph of the G loss --
 the hyperparameter table with its metric columns and the Custom Scalars layout are TensorBoard
 summaries: they go to the run's TensorBoard logger, when it has one (:func:`summary_writer`).
 """
@@ -12,7 +12,6 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 
@@ -45,9 +44,7 @@ def build_loggers(loggers: Mapping[str, Any]) -> list[Logger]:
     return [instantiate(spec) for spec in loggers.values()]
 
 
-def summary_writer(trainer: L.Trainer) -> Any:
-    """The SummaryWriter of the run's TensorBoard logger, which takes what only TensorBoard can show; None
-    when the run has none (e.g. ``logger=csv``), or on a rank other than 0."""
-    if not trainer.is_global_zero:
-        return None
-    return next((lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+def summary_writer(loggers: list[Logger]) -> Any:
+    """The SummaryWriter of the run's TensorBoard logger among ``loggers``, which takes what only TensorBoard
+    can show; None when the run has none (e.g. ``logger=csv``)."""
+    return next((lg.experiment for lg in loggers if isinstance(lg, TensorBoardLogger)), None)

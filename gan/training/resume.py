@@ -2,7 +2,7 @@
 (``hyper_parameters["cfg"]``) against the one composed now, key by key.
 
 * **Applied**: the learning rates and betas of ``optim.g`` and ``optim.d`` are set on the optimizers and
-  their schedules after Lightning has restored them from the checkpoint (which would otherwise bring back
+  their schedules after they are restored from the checkpoint (which would otherwise bring back
   the old ones); ``trainer.max_steps``, ``log.*``, ``checkpoint.*``, ``eval.*``, ``train.skip_nonfinite``,
   ``audit`` and ``timing.*`` are read from the config as it is now. One log line each.
 * **Refused**: what defines the networks, the objective or the data -- ``model.*``, ``loss.*``,
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from omegaconf import DictConfig, OmegaConf
+from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from gan.errors import ConfigError
@@ -177,31 +177,23 @@ def log_changes(found: list[Change]) -> None:
             log.info(f"resume: {c.describe()}: takes effect")
 
 
-class ApplyOnResume(L.Callback):
-    """Sets the learning rates and betas of ``optim`` (the composed config's ``optim`` section) on G's and
-    D's optimizers, and the schedules' base learning rates, once Lightning has restored both from the
-    checkpoint (``on_train_start`` runs after that). A schedule's current rate is its factor at the
-    restored step times the new base rate: optim.decay=linear goes on along the new line."""
-
-    def __init__(self, optim: dict[str, Any]):
-        self.settings = [optim["g"], optim["d"]]  # the order of GANModule.configure_optimizers
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        schedules = {id(c.scheduler.optimizer): c.scheduler for c in trainer.lr_scheduler_configs}
-        for optimizer, settings in zip(trainer.optimizers, self.settings):
-            schedule = schedules.get(id(optimizer))
+def apply_on_resume(optim: dict[str, Any], optimizers: list[Optimizer], schedules: list[LambdaLR]) -> None:
+    """Set the learning rates and betas of ``optim`` (the composed config's ``optim`` section) on G's and D's
+    ``optimizers`` and the base learning rates of their ``schedules`` (none, or one each), once both are
+    restored from the checkpoint. A schedule's current rate is its factor at the restored step times the
+    new base rate: optim.decay=linear goes on along the new line."""
+    for k, (optimizer, settings) in enumerate(zip(optimizers, [optim["g"], optim["d"]])):
+        schedule = schedules[k] if schedules else None
+        if schedule is not None:
+            schedule.base_lrs = [float(settings["lr"])] * len(optimizer.param_groups)
+        for i, group in enumerate(optimizer.param_groups):
+            lr = float(settings["lr"])
+            if "initial_lr" in group:  # set by a schedule: the rate it started from
+                group["initial_lr"] = lr
             if schedule is not None:
-                if not isinstance(schedule, LambdaLR):
-                    raise TypeError(f"cannot apply a learning rate to a {type(schedule).__name__}")
-                schedule.base_lrs = [float(settings["lr"])] * len(optimizer.param_groups)
-            for i, group in enumerate(optimizer.param_groups):
-                lr = float(settings["lr"])
-                if "initial_lr" in group:  # set by a schedule: the rate it started from
-                    group["initial_lr"] = lr
-                if schedule is not None:
-                    lr = schedule.base_lrs[i] * schedule.lr_lambdas[i](schedule.last_epoch)
-                group["lr"] = lr
-                if "betas" in group and "betas" in settings:
-                    group["betas"] = tuple(float(b) for b in settings["betas"])
-            if schedule is not None:
-                schedule._last_lr = [group["lr"] for group in optimizer.param_groups]
+                lr = schedule.base_lrs[i] * schedule.lr_lambdas[i](schedule.last_epoch)
+            group["lr"] = lr
+            if "betas" in group and "betas" in settings:
+                group["betas"] = tuple(float(b) for b in settings["betas"])
+        if schedule is not None:
+            schedule._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() returns

@@ -1,48 +1,33 @@
 """Every random stream in the checkpoint, so a resumed run draws the same noise as an uninterrupted one.
-(The data order needs none: it is a function of the seed and the restored step counter.)"""
+(The data order needs none: it is a function of the seed and the restored step counter.) Under DDP,
+ranks > 0 are reseeded apart from rank 0 (:func:`separate_rank_streams`)."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 
 
-class RNGState(L.Callback):
-    """Saves torch's (CPU and CUDA), numpy's and Python's RNG states as ``checkpoint["rng"]``; a resumed run
-    restores them at its first batch -- not when the checkpoint loads: Lightning draws random numbers while
-    it sets up. Under DDP, ranks > 0 are reseeded apart from rank 0 (:func:`separate_rank_streams`)."""
+def rng_state() -> dict[str, Any]:
+    """torch's (CPU and CUDA), numpy's and Python's RNG states, as a checkpoint's ``rng`` holds them."""
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": numpy_state_to_plain(np.random.get_state()),
+        "python": random.getstate(),
+    }
 
-    def __init__(self) -> None:
-        self.pending: dict[str, Any] | None = None
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        checkpoint["rng"] = {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": numpy_state_to_plain(np.random.get_state()),
-            "python": random.getstate(),
-        }
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        self.pending = checkpoint.get("rng")
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        separate_rank_streams(trainer.global_rank)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.pending is None:
-            return
-        state, self.pending = self.pending, None
-        torch.set_rng_state(state["torch"])
-        if state["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
-        np.random.set_state(plain_to_numpy_state(state["numpy"]))
-        random.setstate(state["python"])
-        separate_rank_streams(trainer.global_rank)  # the checkpoint holds rank 0's streams only
+def restore_rng(state: dict[str, Any]) -> None:
+    """Every stream as :func:`rng_state` saved it; called just before the first step a resumed run takes."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(plain_to_numpy_state(state["numpy"]))
+    random.setstate(state["python"])
 
 
 def separate_rank_streams(rank: int) -> None:

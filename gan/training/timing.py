@@ -2,8 +2,9 @@
 
 Phases, in the order a generator step runs them (``PHASES``): waiting for data (fetch and transfer to
 the device), D forward+backward, D optimizer step, G forward (G(z), and the G loss through D), G
-backward, G optimizer step, statistics (counters, EMA, running means, ADA), and the callbacks
-(logging, samples, checkpoints, metrics). The step code marks them with :meth:`PhaseTimer.phase`.
+backward, G optimizer step, statistics (counters, EMA, running means, ADA), and the callbacks (what
+is due after the step: logging, samples, checkpoints, metrics). The step code marks them with
+:meth:`PhaseTimer.phase`.
 
 Why it is timed this way:
 
@@ -24,11 +25,9 @@ import sys
 import time
 from typing import Any
 
-import lightning as L
 import torch
-from lightning.pytorch.profilers import PyTorchProfiler
 
-from gan.core.phases import PHASES
+from gan.core.phases import PHASES, PhaseTimer
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -40,43 +39,35 @@ def peak_memory_mb(device: torch.device) -> float:
     return kib / (2**20 if sys.platform == "darwin" else 2**10)  # bytes on macOS, KiB on Linux
 
 
-class StepTimer(L.Callback):
-    """Times the phases outside the training step (data, callbacks) and logs every phase's mean over
-    each ``log.every`` window as ``time/<phase>_ms``, with ``perf/g_steps_per_s``,
-    ``perf/images_per_s`` and ``perf/peak_memory_mb``. Put it last among the callbacks: its batch-end
-    hook then closes the callbacks phase after the others have run."""
+class StepTimer:
+    """Logs every phase's mean over each ``every``-step window (``log.every``) as ``time/<phase>_ms``, with
+    ``perf/g_steps_per_s``, ``perf/images_per_s`` (``images_per_step``: over all processes) and
+    ``perf/peak_memory_mb``, to ``loggers`` (rank 0's; empty on other ranks). ``timer``: the step's phase
+    record, whose "data" phase this opens at the end of each step and the loop closes when the next batch
+    is in hand."""
 
-    def __init__(self, every: int):
-        self.every = every
-        self.window_start: Any = None
-        self.window_steps = 0
+    def __init__(self, timer: PhaseTimer, every: int, images_per_step: int, loggers: list[Any]):
+        self.timer, self.every, self.images_per_step, self.loggers = timer, every, images_per_step, loggers
+        self.window_start, self.window_steps = 0.0, 0
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        pl_module.timer.device = pl_module.device
-        pl_module.timer.labels = isinstance(trainer.profiler, PyTorchProfiler)
-        pl_module.timer.collect()  # drop anything from before training
-        pl_module.timer.start("data")
+    def at_start(self) -> None:
+        self.timer.collect()  # drop anything from before training
+        self.timer.start("data")
         self.window_start, self.window_steps = time.perf_counter(), 0
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        pl_module.timer.stop("data")
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        timer = pl_module.timer
-        timer.stop("callbacks")  # opened by GANModule at the end of training_step
+    def after_step(self, step: int) -> None:
+        timer = self.timer
+        timer.stop("callbacks")  # opened by the loop after the step's statistics
         self.window_steps += 1
-        step = pl_module.counters.g
         if step % self.every == 0:
             totals = timer.collect()  # one device sync per logging window
-            if self.window_start is not None and self.window_steps:
-                elapsed = time.perf_counter() - self.window_start
-                values = {f"time/{name}_ms": totals.get(name, 0.0) / self.window_steps for name in PHASES}
-                values["time/step_ms"] = elapsed * 1e3 / self.window_steps
-                values["perf/g_steps_per_s"] = self.window_steps / elapsed
-                values["perf/images_per_s"] = values["perf/g_steps_per_s"] * pl_module.images_per_step
-                values["perf/peak_memory_mb"] = peak_memory_mb(pl_module.device)
-                if trainer.is_global_zero:
-                    for logger in trainer.loggers:
-                        logger.log_metrics(values, step=step)
+            elapsed = time.perf_counter() - self.window_start
+            values = {f"time/{name}_ms": totals.get(name, 0.0) / self.window_steps for name in PHASES}
+            values["time/step_ms"] = elapsed * 1e3 / self.window_steps
+            values["perf/g_steps_per_s"] = self.window_steps / elapsed
+            values["perf/images_per_s"] = values["perf/g_steps_per_s"] * self.images_per_step
+            values["perf/peak_memory_mb"] = peak_memory_mb(timer.device)
+            for logger in self.loggers:
+                logger.log_metrics(values, step=step)
             self.window_start, self.window_steps = time.perf_counter(), 0
         timer.start("data")
