@@ -12,11 +12,11 @@ import sys  # noqa: E402
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import lightning as L
 import pytest
 from omegaconf import DictConfig
 
 from gan.training.compose import compose
+from gan.training.loop import Probe
 
 if TYPE_CHECKING:
     from gan.evaluation.settings import EvalSettings
@@ -66,14 +66,14 @@ def run_train(run_dir: Path, *overrides: str) -> int:
     return run_main("train", *flags, *TINY, f"hydra.run.dir={run_dir}", *(o for o in overrides if o not in flags))
 
 
-class LearningRates(L.Callback):
+class LearningRates(Probe):
     """The learning rates of G's and D's optimizers at the start of every generator step of a run."""
 
     def __init__(self):
         self.seen: list[list[float]] = []
 
-    def on_train_batch_start(self, trainer, pl_module, *args):
-        self.seen.append([group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups])
+    def on_step_start(self, run, batch):
+        self.seen.append([group["lr"] for optimizer in run.optimizers for group in optimizer.param_groups])
 
 
 def read_events(log_dir: Path):

@@ -12,10 +12,12 @@ from torch import nn
 
 import gan.core.step
 import gan.training.builder
+import gan.training.loop
 import gan.training.module
 from gan.core.objective import Objective
 from gan.training.audit import AuditError, check_plain_numbers, expected_to_change
-from gan.training.builder import build_module, train
+from gan.training.builder import build_module
+from gan.training.loop import train
 from gan.training.module import GANModule
 
 
@@ -92,8 +94,8 @@ def planted_optimizers(monkeypatch, change):
     configure = GANModule.configure_optimizers
 
     def changed(self):
-        optimizers = configure(self)
-        return change(self, optimizers) or optimizers
+        optimizers, schedules = configure(self)
+        return change(self, optimizers) or optimizers, schedules
 
     monkeypatch.setattr(GANModule, "configure_optimizers", changed)
 
@@ -171,13 +173,13 @@ def test_a_training_forward_in_eval_mode_is_caught(tmp_path, monkeypatch):
 
 def test_a_generator_left_in_eval_mode_is_caught(tmp_path, monkeypatch):
     """Planted: a training step that leaves G in eval mode (as sampling code that forgot to restore it would)."""
-    training_step = GANModule.training_step
+    generator_step = gan.training.loop.generator_step
 
-    def g_in_eval_mode(self, *args):
-        self.G.eval()
-        return training_step(self, *args)
+    def g_in_eval_mode(run, *args):
+        run.module.G.eval()
+        return generator_step(run, *args)
 
-    monkeypatch.setattr(GANModule, "training_step", g_in_eval_mode)
+    monkeypatch.setattr(gan.training.loop, "generator_step", g_in_eval_mode)
     with pytest.raises(AuditError, match=r"^G\.<root> ran a training forward in eval mode \(phase g_forward\)"):
         train(tiny(tmp_path))
 

@@ -3,8 +3,6 @@ checkpoints, real processes; the full disk is the one thing simulated. (SIGKILL 
 
 from __future__ import annotations
 
-import errno
-import io
 import math
 import os
 import re
@@ -13,15 +11,12 @@ import subprocess
 import sys
 import time
 
-import lightning as L
 import pytest
 import torch
 from conftest import ROOT, TINY, LearningRates, compose_config, read_events, run_train
-from lightning.fabric.plugins.environments import SLURMEnvironment
 
-import gan.files
 from gan.errors import Interrupted, RunError, StoppedAtOnce
-from gan.training.builder import slurm_without_requeue, train
+from gan.training.loop import Probe, train
 
 # Adam moves every weight of D by about lr in its first step: D's next outputs, and its loss, overflow.
 DIVERGING = ["optim.d.lr=1e10", "checkpoint.every=1"]
@@ -63,7 +58,7 @@ def test_a_diverged_run_resumes_from_its_last_checkpoint_with_the_lower_learning
 
     rates = LearningRates()
     cfg = compose_config(*TINY, f"ckpt_path={last}", "optim.d.lr=1e-4", "optim.g.lr=5e-5", run_dir=run)
-    module = train(cfg, extra_callbacks=[rates])
+    module = train(cfg, probes=[rates])
     assert module.counters.g == 6 and rates.seen == [[5e-5, 1e-4]] * 3  # every step of the resumed run
     saved = torch.load(last, weights_only=True)
     assert [g["lr"] for s in saved["optimizer_states"] for g in s["param_groups"]] == [5e-5, 1e-4]
@@ -75,25 +70,30 @@ def test_a_diverged_run_resumes_from_its_last_checkpoint_with_the_lower_learning
         assert out.count(f"resume: {change}: applied") == 1, change
 
 
-class NonfiniteGradient(L.Callback):
-    """Puts inf into one of G's gradients at generator step 2, after the backward and before the module's
-    check (callbacks' hooks run first): the loss stays finite."""
+class NonfiniteGradient(Probe):
+    """Puts inf into one of G's gradients at generator step 2, as G's backward accumulates it (before the
+    guard's check, at the optimizer's step): the loss stays finite."""
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if pl_module.counters.g == 1 and optimizer is trainer.optimizers[0]:
-            next(pl_module.G.parameters()).grad.view(-1)[0] = math.inf
+    def on_step_start(self, run, batch):
+        if run.module.counters.g == 1:
+            weight = next(run.module.G.parameters())
+            self.hook = weight.register_post_accumulate_grad_hook(lambda p: p.grad.view(-1).__setitem__(0, math.inf))
+
+    def on_step_end(self, run):
+        if run.module.counters.g == 2:
+            self.hook.remove()
 
 
 def test_nonfinite_gradients_with_a_finite_loss_name_the_backward(tmp_path):
     cfg = compose_config(*TINY, "checkpoint.every=1", run_dir=tmp_path / "run")
     with pytest.raises(RunError, match=r"^generator step 2, G update: the loss is finite but its gradients are not "
                                        r"\(backward\); the update was skipped"):
-        train(cfg, extra_callbacks=[NonfiniteGradient()])
+        train(cfg, probes=[NonfiniteGradient()])
     assert int(torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
                ["state_dict"]["counters.g_updates"]) == 1
     # Skipped instead: that G update only. (The audit refuses the infinite gradient norm logged at that step.)
     cfg = compose_config(*TINY, "train.skip_nonfinite=true", "audit=false", run_dir=tmp_path / "skipping")
-    module = train(cfg, extra_callbacks=[NonfiniteGradient()])
+    module = train(cfg, probes=[NonfiniteGradient()])
     assert (int(module.counters.skipped_g), int(module.counters.skipped_d), module.counters.g) == (1, 0, 6)
 
 
@@ -148,24 +148,29 @@ def test_a_signal_saves_the_step_it_lands_in_and_the_run_resumes_from_it(tmp_pat
     assert step >= 4 and int(saved["counters.d_updates"]) == step  # a whole generator step: D's update and G's
     assert err.strip().splitlines()[-1] == (f"stopped by {name} at generator step {step}, saved in {last}: resume "
                                             f"with the same overrides and ckpt_path={last}")
-    # Under SLURM, Lightning's auto-requeue would have saved <run>/hpc_ckpt_1.ckpt mid-step and trained on.
+    # Under SLURM, Lightning's Trainer's auto-requeue saved <run>/hpc_ckpt_1.ckpt mid-step and trained on: none here.
     assert not list(run.glob("hpc_ckpt_*"))
     assert run_train(run, f"ckpt_path={last}", f"trainer.max_steps={step + 2}", "checkpoint.every=4") == 0
     assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"]) == step + 2
 
 
-class Signal(L.Callback):
+class Signal(Probe):
     """Sends this process ``signum`` as generator step 2 starts and again, ``twice``, before its G update."""
 
     def __init__(self, signum: int, twice: bool):
         self.signum, self.twice = signum, twice
 
-    def on_train_batch_start(self, trainer, pl_module, *args):
-        if pl_module.counters.g == 1:
+    def on_start(self, run):
+        if self.twice:
+            run.optimizers[0].register_step_pre_hook(self.again)  # G's optimizer
+
+    def on_step_start(self, run, batch):
+        self.step = run.module.counters.g
+        if self.step == 1:
             os.kill(os.getpid(), self.signum)
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if self.twice and pl_module.counters.g == 1 and optimizer is trainer.optimizers[0]:
+    def again(self, optimizer, args, kwargs):
+        if self.step == 1:
             os.kill(os.getpid(), self.signum)
 
 
@@ -175,7 +180,7 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint_of_its_step(tmp_path
     run = tmp_path / "run"
     last = run / "checkpoints" / "last.ckpt"
     with pytest.raises(StoppedAtOnce) as stopped:
-        train(compose_config(*TINY, "checkpoint.every=1", run_dir=run), extra_callbacks=[Signal(signum, twice=True)])
+        train(compose_config(*TINY, "checkpoint.every=1", run_dir=run), probes=[Signal(signum, twice=True)])
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
     assert stopped.value.code == code and stopped.value.message == (
         f"stopped at once by a second {name}: resume from the last checkpoint with the same overrides and "
@@ -185,44 +190,5 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint_of_its_step(tmp_path
     # Once: the step ends, is saved, and the run stops.
     with pytest.raises(Interrupted, match=f"^stopped by {name} at generator step 2, saved in ") as stopped:
         train(compose_config(*TINY, "checkpoint.every=4", run_dir=tmp_path / "once"),
-              extra_callbacks=[Signal(signum, twice=False)])
+              probes=[Signal(signum, twice=False)])
     assert stopped.value.code == code
-
-
-def test_under_slurm_lightnings_auto_requeue_is_off(monkeypatch):
-    for key, value in SLURM.items():
-        monkeypatch.setenv(key, value)
-    [environment] = slurm_without_requeue()
-    assert isinstance(environment, SLURMEnvironment) and not environment.auto_requeue
-    for key in SLURM:
-        monkeypatch.delenv(key)
-    assert slurm_without_requeue() == []
-
-
-class FullDisk(io.FileIO):
-    def write(self, data: bytes) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-
-def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
-    """The one simulated fault: no disk can be filled here. The disk fills after step 3's checkpoints
-    (step_000003.ckpt, last.ckpt): from then on, writing a checkpoint file fails as the kernel would make it."""
-    checkpoints_written = []
-
-    def open_on_a_filling_disk(path, mode="r", *args, **kwargs):
-        if ".ckpt." in path.name:  # atomic_write's temporary file of a checkpoint
-            checkpoints_written.append(path)
-            if len(checkpoints_written) > 2:
-                return FullDisk(path, mode)
-        return open(path, mode, *args, **kwargs)
-
-    monkeypatch.setattr(gan.files, "open", open_on_a_filling_disk, raising=False)
-    run = tmp_path / "run"
-    assert run_train(run, "checkpoint.every=3") == 1
-    step_6 = run / "checkpoints" / "step_000006.ckpt"
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: cannot write {step_6} (No space left on device): free disk space or choose a writable directory; "
-        "the previous step_000006.ckpt, if there was one, is unchanged")
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt", "step_000003.ckpt"]  # no temporary
-    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert int(last["counters.g_updates"]) == 3

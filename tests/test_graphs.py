@@ -17,7 +17,7 @@ from gan.core import graphs
 from gan.patterns import graph as demo
 from gan.patterns.cli import main as patterns_main
 from gan.patterns.models import training_module
-from gan.training.callbacks import SampleLogger
+from gan.training.outputs import Samples
 
 CPU = torch.device("cpu")
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
@@ -119,7 +119,7 @@ def test_graph_command_keeps_the_table_options_apart(capsys):
 
 @needs_dot
 def test_every_run_logs_the_g_loss_graph_at_step_0(digits_run):
-    images = read_events(digits_run / "tensorboard").Images(SampleLogger.GRAPH_TAG)
+    images = read_events(digits_run / "tensorboard").Images(Samples.GRAPH_TAG)
     assert [e.step for e in images] == [0]
     assert images[0].height > images[0].width > 500  # the tall chain of the loss, D, augmentation and G
 
@@ -127,8 +127,8 @@ def test_every_run_logs_the_g_loss_graph_at_step_0(digits_run):
 def test_without_dot_a_run_logs_no_graph_and_says_so_in_the_debug_log(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no dot on it
     run = tmp_path / "run"
-    assert run_train(run, "hydra.verbose=gan.training.callbacks") == 0  # its debug lines into train.log
-    assert SampleLogger.GRAPH_TAG not in read_events(run / "tensorboard").Tags()["images"]
+    assert run_train(run, "hydra.verbose=gan.training.outputs") == 0  # its debug lines into train.log
+    assert Samples.GRAPH_TAG not in read_events(run / "tensorboard").Tags()["images"]
     assert "[DEBUG] - no autograd graph in TensorBoard: Graphviz's dot is not installed" in (
         run / "train.log").read_text()
 

@@ -20,13 +20,12 @@ import traceback
 from collections import Counter
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from conftest import TINY, compose_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gan.training.builder import train
+from gan.training.loop import Probe, train
 
 LOG_EVERY = 3
 STEPS = 7
@@ -50,7 +49,7 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class CountPerStep(L.Callback):
+class CountPerStep(Probe):
     """One HostReads per generator step, from its batch start to the next one's (callbacks included)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,15 +71,12 @@ class CountPerStep(L.Callback):
             self.per_step.append(self.mode.counts)
             self.mode = None
 
-    def on_train_batch_start(self, *args: Any) -> None:
+    def on_step_start(self, *args: Any) -> None:
         self.close()
         self.mode = HostReads()
         self.mode.__enter__()
 
-    def on_train_end(self, *args: Any) -> None:
-        self.close()
-
-    def on_exception(self, *args: Any) -> None:
+    def on_end(self, *args: Any) -> None:
         self.close()
 
 
@@ -102,7 +98,7 @@ def test_a_step_reads_nothing_from_the_device_and_a_logging_step_reads_once(tmp_
     cfg = compose_config(*TINY, *overrides, f"trainer.max_steps={STEPS}", f"log.every={LOG_EVERY}",
                          "log.sample_every=1000", "checkpoint.every=1000", "audit=false", run_dir=tmp_path)
     counter = CountPerStep(monkeypatch)
-    train(cfg, extra_callbacks=[counter])
+    train(cfg, probes=[counter])
     assert len(counter.per_step) == STEPS
     for step, counts in enumerate(counter.per_step, start=1):
         if step % LOG_EVERY:
@@ -115,14 +111,14 @@ def test_a_step_reads_nothing_from_the_device_and_a_logging_step_reads_once(tmp_
 def test_the_counter_sees_each_kind_of_read(monkeypatch):
     """The counting itself: every way a value reaches Python is seen (else the test above could not fail)."""
     counter = CountPerStep(monkeypatch)
-    counter.on_train_batch_start()
+    counter.on_step_start()
     t = torch.ones(3)
     t.sum().item(), float(t[0]), bool(t[1] > 0), t.tolist(), t.numpy()  # noqa: B018
     counter.close()
     assert counter.per_step == [Counter(other=5)]
 
 
-class GPUProbes(L.Callback):
+class GPUProbes(Probe):
     """Counts NVML device queries (torch.cuda's ``_raw_device_count_nvml``) inside each training step."""
 
     def __init__(self) -> None:
@@ -132,10 +128,10 @@ class GPUProbes(L.Callback):
         if event == "call" and frame.f_code.co_name == "_raw_device_count_nvml":
             self.calls += 1
 
-    def on_train_batch_start(self, *args: Any) -> None:
+    def on_step_start(self, *args: Any) -> None:
         sys.setprofile(self.count)
 
-    def on_train_batch_end(self, *args: Any) -> None:
+    def on_step_end(self, *args: Any) -> None:
         sys.setprofile(None)
 
 
@@ -146,5 +142,5 @@ def test_a_step_without_a_gpu_does_not_query_nvml(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # as `import lightning` leaves it
     probes = GPUProbes()
     cfg = compose_config(*TINY, "trainer.max_steps=3", run_dir=tmp_path)
-    train(cfg, extra_callbacks=[probes])
+    train(cfg, probes=[probes])
     assert probes.calls == 0, f"{probes.calls} NVML queries in 3 generator steps"

@@ -1,18 +1,15 @@
-"""The training step's autograd split, observed on real steps of a real Lightning Trainer."""
+"""The training step's autograd split, observed on real steps of the real training loop."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from conftest import compose_config
 
 from gan.core.contexts import evaluating, frozen
-from gan.data.datasets import data_shape
-from gan.data.module import GANDataModule
-from gan.training.builder import build_module
+from gan.training.loop import Probe, train
 from gan.training.module import GANModule
 
 
@@ -20,31 +17,38 @@ def clone(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | N
     return {k: None if v is None else v.detach().clone() for k, v in tensors.items()}
 
 
-class Probe(L.Callback):
-    """Records G's and D's gradients and D's weights right before each optimizer step."""
+class Watch(Probe):
+    """Records G's and D's gradients and D's weights right before each optimizer step, and D's weights at the
+    end of each generator step; ``prepare(module)`` runs once the module is built."""
 
-    def __init__(self) -> None:
+    def __init__(self, prepare=lambda module: None) -> None:
         self.events: list[dict[str, Any]] = []
+        self.prepare = prepare
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        is_d = optimizer.param_groups[0]["params"][0] is next(pl_module.D.parameters())
+    def on_start(self, run) -> None:
+        self.module = run.module
+        self.prepare(run.module)
+        for optimizer in run.optimizers:
+            optimizer.register_step_pre_hook(self.before_step)
+
+    def before_step(self, optimizer, args, kwargs) -> None:
+        module = self.module
+        is_d = optimizer.param_groups[0]["params"][0] is next(module.D.parameters())
         self.events.append({
             "opt": "d" if is_d else "g",
-            "g_grads": clone({n: p.grad for n, p in pl_module.G.named_parameters()}),
-            "d_grads": clone({n: p.grad for n, p in pl_module.D.named_parameters()}),
-            "d_weights": clone(dict(pl_module.D.named_parameters())),
+            "g_grads": clone({n: p.grad for n, p in module.G.named_parameters()}),
+            "d_grads": clone({n: p.grad for n, p in module.D.named_parameters()}),
+            "d_weights": clone(dict(module.D.named_parameters())),
         })
 
-    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-        self.events.append({"opt": "end", "d_weights": clone(dict(pl_module.D.named_parameters()))})
+    def on_step_end(self, run) -> None:
+        self.events.append({"opt": "end", "d_weights": clone(dict(run.module.D.named_parameters()))})
 
 
-def fit(module: GANModule, cfg, steps: int, callbacks: list[L.Callback]) -> None:
-    datamodule = GANDataModule(dict(cfg.data), cfg.train.batch_size, cfg.train.d_steps, cfg.seed)
-    trainer = L.Trainer(max_steps=steps * (cfg.train.d_steps + 1), accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=callbacks)
-    trainer.fit(module, datamodule=datamodule)
+def fit(tmp_path, steps: int, probes: list[Probe], *overrides: str) -> GANModule:
+    """The real training loop on a tiny config, ``steps`` generator steps."""
+    return train(compose_config("debug=tiny", "audit=false", "trainer.enable_progress_bar=false",
+                                f"trainer.max_steps={steps}", *overrides, run_dir=tmp_path), probes=probes)
 
 
 def same(a: dict, b: dict) -> bool:
@@ -61,15 +65,10 @@ def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
     """The split holds for the conditional D too, whose input is torch.cat((condition, fake.detach()), 1),
     for AC-GAN's D, whose class prediction on fake.detach() is in D's loss and on fake in G's, and for
     InfoGAN's, which names G's latent code the same way."""
-    from omegaconf import OmegaConf
-
-    cfg = compose_config("debug=tiny", "audit=false", *conditional, run_dir=tmp_path)
-    module = build_module(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)),
-                          10 if cfg.model.conditional else 0)
+    # A layer frozen on purpose must stay frozen.
+    probe = Watch(prepare=lambda module: module.D.net[0].weight.requires_grad_(False))
+    module = fit(tmp_path, 2, [probe], *conditional)
     user_frozen = module.D.net[0].weight
-    user_frozen.requires_grad_(False)  # a layer frozen on purpose must stay frozen
-    probe = Probe()
-    fit(module, cfg, steps=2, callbacks=[probe])
 
     d1, g1, end1, d2, g2, end2 = probe.events
     assert [e["opt"] for e in probe.events] == ["d", "g", "end"] * 2
@@ -90,30 +89,29 @@ def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
     assert all(p.requires_grad for n, p in module.D.named_parameters() if n != "net.0.weight")
 
 
-class BatchLabels(L.Callback):
-    """The labels of each batch the data module hands the step."""
+class BatchLabels(Probe):
+    """The labels of each batch the data hands the step; and G's own labels, from a forward pre-hook on G."""
 
     def __init__(self) -> None:
         self.labels: list[torch.Tensor] = []
+        self.given: list[torch.Tensor] = []
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def on_start(self, run) -> None:
+        run.module.G.register_forward_pre_hook(lambda _, args: self.given.append(args[1].clone()))
+
+    def on_step_start(self, run, batch) -> None:
         self.labels.append(batch[1].clone())
 
 
 def test_a_latent_code_is_drawn_at_each_step_not_read_from_the_data(tmp_path):
     """The ring's points carry their mode as a label: a code that were that label would tell G which mode
     to draw (class conditioning in disguise). G's codes are fresh uniform draws over the code's values."""
-    from omegaconf import OmegaConf
-
-    cfg = compose_config("experiment=ring", "model.hidden=16", "model.codes=8", "audit=false", run_dir=tmp_path)
-    module = build_module(OmegaConf.to_container(cfg, resolve=True), (2,))
-    given: list[torch.Tensor] = []
-    module.G.register_forward_pre_hook(lambda _, args: given.append(args[1].clone()))
     batches = BatchLabels()
-    fit(module, cfg, steps=3, callbacks=[batches])
-    assert len(given) == len(batches.labels) == 3  # one G forward per step
+    fit(tmp_path, 3, [batches], "experiment=ring", "model.hidden=16", "model.codes=8", "log.sample_every=1000")
+    given = batches.given
+    assert len(given) == len(batches.labels) == 3  # one G forward per step (no sample grid before the end)
     for codes, data_labels in zip(given, batches.labels):
-        assert codes.shape == data_labels.shape and 0 <= codes.min() and codes.max() < cfg.model.codes == 8
+        assert codes.shape == data_labels.shape and 0 <= codes.min() and codes.max() < 8
         assert (codes == data_labels).float().mean() < 0.5  # chance agreement is 1/8
     assert not torch.equal(given[0], given[1])
 
@@ -140,8 +138,6 @@ def test_evaluating_restores_mixed_modes():
 # --- speed options: they change how the step runs, not what it computes -----------------------------------
 
 def run_tiny(tmp_path, *overrides: str) -> GANModule:
-    from gan.training.builder import train
-
     return train(compose_config("debug=tiny", "trainer.enable_progress_bar=false", "trainer.max_steps=2",
                                 *overrides, run_dir=tmp_path))
 

@@ -13,9 +13,9 @@ import torch
 from conftest import ROOT, TINY, LearningRates, compose_config, run_main, run_train
 from omegaconf import OmegaConf
 
-from gan.training.builder import train
-from gan.training.callbacks import GeneratorStepCheckpoint
-from gan.training.checkpoint import AtomicCheckpointIO
+from gan.training.checkpoint import save_checkpoint
+from gan.training.loop import train
+from gan.training.outputs import Checkpoints
 from gan.training.resume import UNSET, changes
 
 # Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on.
@@ -70,22 +70,21 @@ def test_linear_decay_reaches_zero_and_resumes_exactly(tmp_path):
     rates = LearningRates()
     train(compose_config(*TINY, *decay, "optim.g.lr=4e-3", "optim.d.lr=1e-3",
                          f"ckpt_path={tmp_path / 'straight' / 'checkpoints' / 'step_000003.ckpt'}",
-                         run_dir=tmp_path / "faster"), extra_callbacks=[rates])
+                         run_dir=tmp_path / "faster"), probes=[rates])
     assert [lr for step in rates.seen for lr in step] == pytest.approx(
         [lr * (1 - s / 6) for s in (3, 4, 5) for lr in (4e-3, 1e-3)])
 
 
 def test_atomic_write_leaves_the_old_file_when_saving_fails(tmp_path):
     path = tmp_path / "last.ckpt"
-    io = AtomicCheckpointIO()
-    io.save_checkpoint({"step": torch.tensor(1)}, path)
+    save_checkpoint({"step": torch.tensor(1)}, path)
 
     class Unpicklable:
         def __reduce__(self):
             raise RuntimeError("crash in the middle of a write")
 
     with pytest.raises(RuntimeError, match="middle of a write"):
-        io.save_checkpoint({"step": torch.tensor(2), "bad": Unpicklable()}, path)
+        save_checkpoint({"step": torch.tensor(2), "bad": Unpicklable()}, path)
     assert torch.load(path, weights_only=True)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary left behind
 
@@ -97,19 +96,19 @@ def test_pruning_spares_other_files_and_the_checkpoints_of_a_run_resumed_from(tm
              "last.ckpt", "step_notes.ckpt", "notes.txt"]
     for name in names:
         (tmp_path / name).write_bytes(b"x")
-    GeneratorStepCheckpoint(tmp_path, every=1, keep=2, snapshot=tmp_path / "generator.pt").prune(5)
+    Checkpoints(tmp_path, every=1, keep=2, write=lambda path: None, is_global_zero=True).prune(5)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["step_000004.ckpt", "step_000005.ckpt", "step_000009.ckpt", "last.ckpt", "step_notes.ckpt", "notes.txt"])
 
 
 WRITER = """
 import sys, torch
-from gan.training.checkpoint import AtomicCheckpointIO
+from gan.training.checkpoint import save_checkpoint
 from gan.training.resume import UNSET, changes
-io, i = AtomicCheckpointIO(), 0
+i = 0
 while True:
     i += 1
-    io.save_checkpoint({"i": torch.tensor(i), "payload": torch.full((4_000_000,), float(i))}, sys.argv[1])
+    save_checkpoint({"i": torch.tensor(i), "payload": torch.full((4_000_000,), float(i))}, sys.argv[1])
     print(i, flush=True)
 """
 

@@ -36,7 +36,7 @@ def test_every_buffer_is_saved_and_never_optimized():
     # No buffer is persistent=False: each one is state a resumed run needs.
     assert set(buffers) <= set(state)
     trained = {id(p) for p in [*module.G.parameters(), *module.D.parameters()]}
-    optimized = {id(p) for opt in module.configure_optimizers() for g in opt.param_groups for p in g["params"]}
+    optimized = {id(p) for opt in module.configure_optimizers()[0] for g in opt.param_groups for p in g["params"]}
     everything = {id(p) for p in module.parameters()}  # the EMA copy is not even a parameter
     for name, buffer in buffers.items():
         assert id(buffer) not in trained | optimized | everything, name

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from gan.errors import RunError
-from gan.training import builder
+from gan.training import builder, loop
 
 
 def hydra_config(*overrides: str):
@@ -105,15 +105,15 @@ def test_submitit_s_local_executor_runs_a_two_job_multirun(tmp_path, importable_
 def test_train_py_returns_the_metric_named_in_the_config(tmp_path):
     cfg = compose_config("experiment=ring", "debug=tiny", "trainer.enable_progress_bar=false", "eval.every=3",
                          "metric=metrics/reverse_kl", run_dir=tmp_path / "run")
-    value = builder.train_task(cfg)
+    value = loop.train_task(cfg)
     logged = read_events(tmp_path / "run" / "tensorboard").Scalars("metrics/reverse_kl")
     assert [e.step for e in logged] == [3, 6] and value == pytest.approx(logged[-1].value)  # the last evaluation
-    assert builder.train_task(compose_config("experiment=ring", "debug=tiny", "trainer.enable_progress_bar=false",
+    assert loop.train_task(compose_config("experiment=ring", "debug=tiny", "trainer.enable_progress_bar=false",
                                              run_dir=tmp_path / "plain")) is None
     module = SimpleNamespace(last_losses={"loss/d": 1.0, "loss/g": 0.5}, last_metrics={"metrics/modes": 8.0})
-    assert builder.returned_metric(module, "loss/g") == 0.5
+    assert loop.returned_metric(module, "loss/g") == 0.5
     with pytest.raises(RunError, match=r"metric=metrics/fid was not logged .*loss/d, loss/g, metrics/modes"):
-        builder.returned_metric(module, "metrics/fid")
+        loop.returned_metric(module, "metrics/fid")
 
 
 @pytest.mark.parametrize("overrides,expected", [

@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT
 from PIL import Image
 
-from gan.training.callbacks import SampleLogger
+from gan.training.outputs import Samples
 from tools.tensorboard import tensorboard_server
 
 RUN = "."  # the log directory holds the run's event files itself
@@ -80,8 +80,8 @@ def test_sample_grids_are_served_as_png(dashboard):
 @pytest.mark.skipif(shutil.which("dot") is None,
                     reason="Graphviz's dot is not installed (apt-get install graphviz): runs log no graph")
 def test_the_g_loss_graph_is_served_at_step_0(dashboard):
-    assert SampleLogger.GRAPH_TAG in fetch_json(f"{dashboard}/data/plugin/images/tags")[RUN]
-    query = urllib.parse.urlencode({"run": RUN, "tag": SampleLogger.GRAPH_TAG})
+    assert Samples.GRAPH_TAG in fetch_json(f"{dashboard}/data/plugin/images/tags")[RUN]
+    query = urllib.parse.urlencode({"run": RUN, "tag": Samples.GRAPH_TAG})
     assert [g["step"] for g in fetch_json(f"{dashboard}/data/plugin/images/images?{query}")] == [0]
 
 

@@ -11,8 +11,7 @@ import torch
 from conftest import compose_config, read_events
 
 from gan.core.phases import PHASES, PhaseTimer
-from gan.training.builder import build_module, train
-from gan.training.timing import StepTimer
+from gan.training.loop import Probe, train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (CUDA events, sync debug mode, pinned memory)")
@@ -32,11 +31,20 @@ def test_phase_timer_accumulates_and_collect_clears():
     assert timer.collect() == {}
 
 
+class Keep(Probe):
+    """Keeps the run a probe is given, to be read after training."""
+
+    def on_start(self, run):
+        self.run = run
+
+
 def test_phases_of_real_steps_come_in_order_and_add_up_to_the_step(tmp_path):
     # log.every beyond the run: the timer never collects, so every interval of every step stays readable.
     cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "log.every=1000", "model.width=32",
                          "train.batch_size=64", run_dir=tmp_path)
-    timer = train(cfg).timer
+    keep = Keep()
+    train(cfg, probes=[keep])
+    timer = keep.run.timer
     names = [name for name, _, _ in timer.intervals]
     steps = cfg.trainer.max_steps
     assert names == ONE_STEP * steps
@@ -70,8 +78,9 @@ def test_timing_scalars_and_dashboard_reach_tensorboard(digits_run):
 def test_timing_can_be_switched_off(tmp_path):
     cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "timing.enabled=false",
                          "trainer.max_steps=2", run_dir=tmp_path)
-    module = train(cfg)
-    assert module.timer.intervals == []
+    keep = Keep()
+    train(cfg, probes=[keep])
+    assert keep.run.timer.intervals == []
     assert not any(t.startswith(("time/", "perf/")) for t in read_events(tmp_path / "tensorboard").Tags()["scalars"])
 
 
@@ -92,22 +101,13 @@ def test_cuda_events_agree_with_synchronized_timing():
     assert totals[False] == pytest.approx(totals[True], rel=0.25)
 
 
-def fit_on_gpu(tmp_path, steps: int, callbacks: list, *overrides: str):
-    """A real Trainer on one GPU, with no logging, sampling or checkpoint step inside the run."""
-    import lightning as L
-    from omegaconf import OmegaConf
-
-    from gan.data.datasets import data_shape
-    from gan.data.module import GANDataModule
-
-    cfg = compose_config("debug=tiny", "audit=false", "log.every=1000", *overrides, run_dir=tmp_path)
-    container = OmegaConf.to_container(cfg, resolve=True)
-    module = build_module(container, data_shape(container["data"]))
-    trainer = L.Trainer(max_steps=steps * (cfg.train.d_steps + 1), accelerator="gpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        callbacks=[*callbacks, StepTimer(1000)])  # phases timed with CUDA events
-    trainer.fit(module, datamodule=GANDataModule(container["data"], cfg.train.batch_size, cfg.train.d_steps, 0))
-    return module
+def fit_on_gpu(tmp_path, steps: int, probes: list, *overrides: str):
+    """The real loop on one GPU, with no logging, sampling or checkpoint step inside the run (phases timed
+    with CUDA events)."""
+    cfg = compose_config("debug=tiny", "audit=false", "log.every=1000", "log.sample_every=1000",
+                         "checkpoint.every=1000", "trainer.accelerator=gpu", "trainer.enable_progress_bar=false",
+                         f"trainer.max_steps={steps}", *overrides, run_dir=tmp_path)
+    return train(cfg, probes=probes)
 
 
 @needs_cuda
@@ -119,21 +119,17 @@ def test_a_training_step_on_cuda_never_waits_for_the_device(tmp_path, overrides)
     counted on any machine by tests/test_host_reads.py.)"""
     import warnings
 
-    import lightning as L
-
-    from gan.training.guard import NonFiniteGuard
-
-    class SyncDebug(L.Callback):
-        def on_train_batch_start(self, *args):
+    class SyncDebug(Probe):
+        def on_step_start(self, *args):
             torch.cuda.set_sync_debug_mode("warn")
 
-        def on_train_batch_end(self, *args):
+        def on_step_end(self, *args):
             torch.cuda.set_sync_debug_mode("default")
 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            module = fit_on_gpu(tmp_path, 4, [SyncDebug(), NonFiniteGuard(skip=False)], *overrides)
+            module = fit_on_gpu(tmp_path, 4, [SyncDebug()], *overrides)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
@@ -142,15 +138,13 @@ def test_a_training_step_on_cuda_never_waits_for_the_device(tmp_path, overrides)
 
 @needs_cuda
 def test_tensor_datasets_are_indexed_on_the_gpu(tmp_path):
-    import lightning as L
-
     devices = []
 
-    class Probe(L.Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+    class Devices(Probe):
+        def on_step_start(self, run, batch):
             devices.append(batch[0].device.type)
 
-    fit_on_gpu(tmp_path, 2, [Probe()], "experiment=ring")
+    fit_on_gpu(tmp_path, 2, [Devices()], "experiment=ring")
     assert devices == ["cuda", "cuda"]
 
 
@@ -162,4 +156,7 @@ def test_under_the_pytorch_profiler_each_phase_is_a_labelled_range(tmp_path):
     assert "gan/d_optimizer" in {event.name for event in profile.events()}
     cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "trainer.profiler=pytorch",
                          "trainer.max_steps=2", run_dir=tmp_path)
-    assert train(cfg).timer.labels  # switched on by StepTimer when trainer.profiler=pytorch
+    train(cfg)
+    trace = (tmp_path / "profile" / "rank0" / "trace.json").read_text()
+    assert all(f'"gan/{phase}"' in trace for phase in PHASES if phase not in ("data", "callbacks"))
+    assert "gan_step" not in trace and (tmp_path / "profile" / "rank0" / "operators.txt").is_file()

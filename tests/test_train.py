@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 
-import pytest
 import torch
 from conftest import ROOT, TINY, read_events, run_train
-
-from gan.training.builder import LIGHTNING_RANK_ZERO_LOGGER, LightningNoise
 
 EXPECTED_SCALARS = {"loss/d", "loss/g", "d/real", "d/fake", "grad_norm/g", "grad_norm/d"}
 
@@ -68,8 +64,8 @@ def test_checkpoint_loads_weights_only_with_counters_and_buffers(digits_run):
     assert len(ckpt["optimizer_states"]) == 2
     assert set(ckpt["rng"]) == {"torch", "cuda", "numpy", "python"}
     assert ckpt["hyper_parameters"]["cfg"]["data"]["name"] == "digits"
-    # Lightning's global_step counts both optimizers: 6 G + 6 D steps.
-    assert ckpt["global_step"] == 12
+    # The training state and nothing else: no loop or callback state of a framework.
+    assert set(ckpt) == {"state_dict", "optimizer_states", "lr_schedulers", "hyper_parameters", "precision", "rng"}
 
 
 def test_resume_continues_from_saved_step(digits_run, tmp_path):
@@ -129,8 +125,8 @@ def test_checkpoint_keep_must_be_a_count(tmp_path, capsys):
 
 
 def test_a_finished_run_keeps_its_newest_checkpoints_and_says_what_it_did(tmp_path):
-    """What a newcomer sees at the end of `python train.py`: the run's summary, not Lightning's step
-    count of both optimizers nor its cloud advertisement, and only the newest periodic checkpoints."""
+    """What a newcomer sees at the end of `python train.py`: the run's summary, and only the newest periodic
+    checkpoints."""
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "checkpoint.every=1",
                           "checkpoint.keep=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -142,31 +138,12 @@ def test_a_finished_run_keeps_its_newest_checkpoints_and_says_what_it_did(tmp_pa
                ["state_dict"]["counters.g_updates"]) == 5
 
     console = out.stdout + out.stderr
-    assert "GPU available:" in console  # Lightning's other messages still reach the console
-    assert "`Trainer.fit` stopped" not in console and "max_steps=12" not in console
     assert "Tip:" not in console and "litlogger" not in console and "litmodels" not in console
     summary = [f"Run finished: 6 generator steps in {run_dir}; final losses loss/d ",
                f"tensorboard --logdir {run_dir / 'tensorboard'}", f"python evaluate.py run_dir={run_dir}"]
     log_file = (run_dir / "train.log").read_text()
     for line in summary:
         assert line in out.stdout and line in log_file, line
-
-
-@pytest.mark.parametrize("message,dropped", [
-    ("`Trainer.fit` stopped: `max_steps=16000` reached.", True),
-    ("💡 Tip: For seamless cloud logging and experiment tracking, try installing "
-     "[litlogger](https://pypi.org/project/litlogger/) to enable LitLogger, which logs metrics and artifacts "
-     "automatically to the Lightning Experiments platform.", True),
-    ("💡 Tip: For seamless cloud uploads and versioning, try installing [litmodels](https://pypi.org/project/"
-     "litmodels/) to enable LitModelCheckpoint, which syncs automatically with the Lightning model registry.", True),
-    ("`Trainer.fit` stopped: `max_epochs=1` reached.", False),
-    ("`Trainer.fit` stopped: No training batches.", False),
-    ("GPU available: False, used: False", False),
-    ("Restoring states from the checkpoint path at last.ckpt", False),
-])
-def test_exactly_two_lightning_messages_are_silenced(message, dropped):
-    record = logging.LogRecord(LIGHTNING_RANK_ZERO_LOGGER, logging.INFO, __file__, 0, message, None, None)
-    assert LightningNoise().filter(record) is not dropped
 
 
 def test_cli_prints_composed_config_and_one_line_errors(tmp_path):

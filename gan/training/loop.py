@@ -223,13 +223,13 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
                 progress.after_step(module.last_losses, logged)
             for probe in probes:
                 probe.on_step_end(run)
+        for probe in probes:
+            probe.on_end(run)
         guard.read()
         checkpoints.at_end(module.counters.g)
         samples.at_end(module)
         if fabric.is_global_zero:
             snapshot.save_snapshot(run_dir / snapshot.FILE, module.snapshot())
-        for probe in probes:
-            probe.on_end(run)
         status = "success"
     except BaseException:
         kill_other_ranks(fabric)  # a rank that failed alone would leave the others waiting in a collective
