@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from gan.cli import entry_point
-from gan.training.loop import train_task
 from gan.training.compose import recipe_follows_data
+from gan.training.loop import train_task
 
 # Hydra composes configs/train.yaml with the command line's overrides and calls train_task(cfg), which trains and
 # returns the value of metric= to a sweeper; bad input ends with one line on stderr. An absolute path: the
