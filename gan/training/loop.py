@@ -182,6 +182,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
             metrics.at_start(module, container["data"], data.dataset)
     progress = Progress(cfg.trainer.max_steps, start) if cfg.trainer.enable_progress_bar and fabric.is_global_zero \
         else None
+    max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
     checkpoints.catch_signals()
     status = "failed"
     try:
@@ -190,7 +191,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
         if step_timer is not None:
             step_timer.at_start()
         stop = False
-        while module.counters.g < cfg.trainer.max_steps and not stop:
+        while module.counters.g < max_steps and not stop:
             batch = next(batches)
             for probe in probes:
                 probe.on_step_start(run, batch)
@@ -204,7 +205,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
                     update_statistics(run, result)
             timer.start("callbacks")  # what is due after the step, closed by the StepTimer
             g = module.counters.g
-            logged = g % cfg.log.every == 0
+            logged = g % log_every == 0
             if logged:
                 guard.read()  # a bad update stops the run before it is logged
                 log_step(module, result, loggers)
