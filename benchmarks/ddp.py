@@ -2,12 +2,12 @@
 
 Usage: python benchmarks/ddp.py [--rounds 7] [--steps 40] [hydra overrides...]
 
-``ddp_separate`` (trainer=ddp: G and D in a DistributedDataParallel each, gan/training/strategy.py; each of the
+``ddp_separate`` (trainer=ddp: G and D in a DistributedDataParallel each, gan/training/loop.py; each of the
 step's two backwards all-reduces one network's gradients) against ``ddp_find_unused_parameters_true``
-(trainer=ddp_find_unused: the whole module in one, which at every backward searches the autograd graph
-for the parameters it will not reach and all-reduces both networks' gradients, zeros for those).
+(trainer=ddp_find_unused: each network's wrapper searches the autograd graph at every backward for the
+parameters it will not reach, and broadcasts rank 0's buffers at every forward).
 
-Each run is ``gan.training.train`` in a fresh pair of processes (Lightning's launcher starts rank 1 by
+Each run is ``gan.training.loop.train`` in a fresh pair of processes (Fabric's launcher starts rank 1 by
 running this script again), on the default digits run unless overrides say otherwise. A round runs
 both, back to back, the order reversed every other round. A run's figures are medians over rank 0's
 steps after the warm-up: wall time per step, and CPU time per step (its process's, all threads). On
@@ -32,18 +32,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from step import WARMUP, compose_train, median_after_warmup
 
-from gan.training.builder import train
+from gan.training.loop import Probe, train
 
 STRATEGIES = {"ddp_separate": "trainer=ddp", "ddp_find_unused_parameters_true": "trainer=ddp_find_unused"}
 CLOCKS = ("wall", "cpu")
 COUNTED = 5  # steps after the timed ones, run under torch.profiler to count the collectives
 
 
-class Clocks(L.Callback):
+class Clocks(Probe):
     """Wall time and this process's CPU time at the end of each of the first ``timed`` generator steps;
     then the collectives of the next ``COUNTED`` steps, from torch.profiler's record of gloo's calls."""
 
@@ -52,12 +51,12 @@ class Clocks(L.Callback):
         self.ends: dict[str, list[float]] = {clock: [] for clock in CLOCKS}
         self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, *args: object) -> None:
-        if pl_module.counters.g == self.timed:
+    def on_step_start(self, run: Any, batch: Any) -> None:
+        if run.module.counters.g == self.timed:
             self.profiler.start()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: object) -> None:
-        step = pl_module.counters.g
+    def on_step_end(self, run: Any) -> None:
+        step = run.module.counters.g
         if step <= self.timed:
             self.ends["wall"].append(time.perf_counter())
             self.ends["cpu"].append(time.process_time())
