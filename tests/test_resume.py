@@ -199,3 +199,21 @@ def test_what_a_resume_may_change():
         "train.d_steps": (1, 5, "refused"), "optim.g.fused": (True, False, "free"),  # the same math
         "optim.d.lr": (2e-4, 1e-3, "applied"), "eval.every": (0, 5, "applied"),
         "data.num_workers": (0, 2, "free"), "trainer.precision": ("32-true", "bf16-mixed", "free")}
+
+
+# A checkpoint of step 3 of `python train.py debug=tiny` written by the release trained by Lightning's Trainer
+# (1d5e325): its loop and callback state beside the training state.
+TRAINER_RELEASE = ROOT / "tests" / "data" / "trainer_release_digits_step3.ckpt"
+
+
+def test_a_checkpoint_of_the_trainer_release_resumes_as_the_same_state_saved_by_this_loop(tmp_path):
+    old = torch.load(TRAINER_RELEASE, weights_only=True)
+    assert {"loops", "callbacks", "global_step", "pytorch-lightning_version"} <= old.keys()
+    ours = {key: old[key] for key in ("state_dict", "optimizer_states", "lr_schedulers", "hyper_parameters", "rng")}
+    torch.save(ours, tmp_path / "ours.ckpt")
+    finals = []
+    for name, path in (("old", TRAINER_RELEASE), ("ours", tmp_path / "ours.ckpt")):
+        assert run_train(tmp_path / name, f"ckpt_path={path}") == 0
+        finals.append(torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    assert int(finals[0]["counters.g_updates"]) == 6
+    assert [k for k in finals[0] if not torch.equal(finals[0][k], finals[1][k])] == []
