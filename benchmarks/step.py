@@ -62,8 +62,8 @@ from gan.data.datasets import build_dataset, num_classes
 from gan.data.module import GANData
 from gan.patterns import gan_step, measure
 from gan.training import loop
-from gan.training.builder import NVML_CHECK, no_gpu_probe_per_step
 from gan.training.compose import compose
+from gan.training.host import NVML_CHECK, no_gpu_probe_per_step
 from gan.training.loop import Probe, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

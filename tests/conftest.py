@@ -19,7 +19,7 @@ from gan.training.compose import compose
 from gan.training.loop import Probe
 
 if TYPE_CHECKING:
-    from gan.evaluation.settings import EvalSettings
+    from gan.run.settings import EvalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -38,7 +38,7 @@ def eval_settings(*overrides: str) -> EvalSettings:
     """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes them (e.g. "num_samples=50")
     for a run of the default recipe (whose eval.classifier_steps evaluate.py's null default takes)."""
     from gan.evaluation.app import with_run_classifier_steps
-    from gan.evaluation.settings import EvalSettings
+    from gan.run.settings import EvalSettings
 
     cfg = compose(*overrides, config="evaluate")
     run_cfg = {"eval": {"classifier_steps": compose_config().eval.classifier_steps}}

@@ -11,14 +11,15 @@ from mutation import D_NOT_FROZEN, NO_G_STEP, NO_ZERO_GRAD_G, WITHOUT_DETACH, mu
 from torch import nn
 
 import gan.core.step
-import gan.training.builder
+import gan.run.build
+import gan.run.module
 import gan.training.loop
-import gan.training.module
+from gan.core.audit import AuditError, check_plain_numbers
 from gan.core.objective import Objective
-from gan.training.audit import AuditError, check_plain_numbers, expected_to_change
-from gan.training.builder import build_module
+from gan.run.build import build_module
+from gan.run.module import GANModule
+from gan.training.audit import expected_to_change
 from gan.training.loop import train
-from gan.training.module import GANModule
 
 
 def tiny(tmp_path, *overrides: str):
@@ -58,7 +59,7 @@ def test_gradients_accumulated_across_steps_are_caught(tmp_path):
 
 def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
     """Planted: a G loss that also writes one of D's buffers (one that no forward of D updates)."""
-    build_models, g_loss = gan.training.builder.build_models, Objective.g_loss
+    build_models, g_loss = gan.run.build.build_models, Objective.g_loss
 
     def with_buffer(*args, **kwargs):
         G, D = build_models(*args, **kwargs)
@@ -69,7 +70,7 @@ def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
         D.calls += 1
         return g_loss(self, D, fake, real, labels)
 
-    monkeypatch.setattr(gan.training.builder, "build_models", with_buffer)
+    monkeypatch.setattr(gan.run.build, "build_models", with_buffer)
     monkeypatch.setattr(Objective, "g_loss", touching_d)
     with pytest.raises(AuditError, match=r"G update changed D\.calls"):
         train(tiny(tmp_path))
@@ -77,14 +78,14 @@ def test_a_d_buffer_changed_in_the_g_update_is_caught(tmp_path, monkeypatch):
 
 def test_a_g_weight_the_g_update_leaves_without_a_gradient_is_caught(tmp_path, monkeypatch):
     """Planted: a parameter of G that G's forward never uses, so the G loss cannot reach it."""
-    build_models = gan.training.builder.build_models
+    build_models = gan.run.build.build_models
 
     def with_unused_weight(*args, **kwargs):
         G, D = build_models(*args, **kwargs)
         G.register_parameter("unused", nn.Parameter(torch.zeros(3)))
         return G, D
 
-    monkeypatch.setattr(gan.training.builder, "build_models", with_unused_weight)
+    monkeypatch.setattr(gan.run.build, "build_models", with_unused_weight)
     with pytest.raises(AuditError, match=r"^G update left G\.unused with no gradient"):
         train(tiny(tmp_path))
 
@@ -210,7 +211,7 @@ def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm
 @pytest.mark.parametrize("ema", ["true", "false"])
 def test_sampling_in_train_mode_under_grad_is_caught(tmp_path, monkeypatch, ema):
     # planted bug: sample without the evaluation context (train mode, grad enabled)
-    monkeypatch.setattr(gan.training.module, "evaluating", lambda *modules: contextlib.nullcontext())
+    monkeypatch.setattr(gan.run.module, "evaluating", lambda *modules: contextlib.nullcontext())
     with pytest.raises(AuditError, match=r"sampling changed generator\..*running_mean"):
         train(tiny(tmp_path, f"ema.enabled={ema}"))
 
@@ -225,7 +226,7 @@ def test_sampling_that_returns_a_graph_is_caught(tmp_path, monkeypatch):
         for m in modules:
             m.train()
 
-    monkeypatch.setattr(gan.training.module, "evaluating", eval_only)
+    monkeypatch.setattr(gan.run.module, "evaluating", eval_only)
     with pytest.raises(AuditError, match="attached to a graph"):
         train(tiny(tmp_path, "ema.enabled=false"))
 

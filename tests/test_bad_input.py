@@ -46,7 +46,7 @@ CONFIG_ERRORS = {
                   "https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
     ("+trainer.max_step=3",): "error: trainer.max_step is not a config key (did you mean trainer.max_steps?): check "
                               "its spelling; --cfg job prints every key, and a new key needs its type in "
-                              "gan/training/schema.py",
+                              "gan/run/schema.py",
     ("trainer.max_steps=abc",): "error: trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to "
                                 "Integer",
     ("ema.enabled=maybe",): "error: ema.enabled=maybe: Value 'maybe' is not a valid bool (type str)",

@@ -12,8 +12,8 @@ from gan.core.contexts import evaluating
 from gan.evaluation.features import FeatureExtractor
 from gan.evaluation.metrics import ImageMetrics
 from gan.evaluation.sampling import generate_samples, sample_and_score
-from gan.training.builder import build_module
-from gan.training.module import GANModule
+from gan.run.build import build_module
+from gan.run.module import GANModule
 
 
 def state(module: nn.Module) -> dict[str, object]:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from gan.evaluation.sampling import slerp
-from gan.evaluation.settings import EvalSettings
+from gan.run.settings import EvalSettings
 from gan.training.compose import compose
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "density", "coverage", "features"}
@@ -277,7 +277,7 @@ def test_a_latent_code_is_drawn_from_its_prior_for_the_scored_samples():
     """Scored samples follow G's own distribution: codes drawn at random (seeded), not cycled as a conditional
     G's classes are, which would hand the mode shares an evenness that G's sampling does not have."""
     from gan.evaluation.sampling import generate_samples
-    from gan.training.builder import build_module
+    from gan.run.build import build_module
 
     module = build_module(OmegaConf.to_container(compose_config("experiment=ring", "model.hidden=16", "model.codes=8"),
                                               resolve=True),

@@ -15,7 +15,7 @@ from test_data import make_mnist_split
 from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
 from gan.evaluation.app import with_run_classifier_steps
-from gan.training.builder import build_module
+from gan.run.build import build_module
 from gan.training.compose import recipe_follows_data
 
 PRESETS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))

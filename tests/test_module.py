@@ -9,8 +9,8 @@ import torch
 from conftest import compose_config
 
 from gan.core.contexts import evaluating, frozen
+from gan.run.module import GANModule
 from gan.training.loop import Probe, train
-from gan.training.module import GANModule
 
 
 def clone(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:

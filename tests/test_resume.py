@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT, TINY, LearningRates, compose_config, run_main, run_train
 from omegaconf import OmegaConf
 
-from gan.training.checkpoint import save_checkpoint
+from gan.run.checkpoint import save_checkpoint
 from gan.training.loop import train
 from gan.training.outputs import Checkpoints
 from gan.training.resume import UNSET, changes
@@ -103,7 +103,7 @@ def test_pruning_spares_other_files_and_the_checkpoints_of_a_run_resumed_from(tm
 
 WRITER = """
 import sys, torch
-from gan.training.checkpoint import save_checkpoint
+from gan.run.checkpoint import save_checkpoint
 from gan.training.resume import UNSET, changes
 i = 0
 while True:
@@ -194,7 +194,7 @@ def test_what_a_resume_may_change():
                                                                   for c in (saved, now)))}
     assert found == {
         "loss.name": ("nonsaturating", "wgan_gp", "refused"), "loss.d_steps": (1, 5, "refused"),
-        "loss.gp_weight": (0.0, 10.0, "refused"),  # an old run's value of a key added since (gan/training/legacy.py)
+        "loss.gp_weight": (0.0, 10.0, "refused"),  # an old run's value of a key added since (gan/run/legacy.py)
         "loss.batchnorm_in_d": (UNSET, False, "refused"), "model.d_batchnorm": (True, False, "refused"),
         "train.d_steps": (1, 5, "refused"), "optim.g.fused": (True, False, "free"),  # the same math
         "optim.d.lr": (2e-4, 1e-3, "applied"), "eval.every": (0, 5, "applied"),

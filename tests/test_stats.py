@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from gan.core.state import EMAGenerator, RunningMean, StepCounters
 from gan.data.datasets import data_shape
-from gan.training.builder import build_module
-from gan.training.module import GANModule
+from gan.run.build import build_module
+from gan.run.module import GANModule
 
 FULL = ["debug=tiny", "augment=ada", "reg=lecam", "model.spectral_norm=true", "model.conditional=true"]
 

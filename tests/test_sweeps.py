@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from gan.errors import RunError
-from gan.training import builder, loop
+from gan.training import host, loop
 
 
 def hydra_config(*overrides: str):
@@ -49,12 +49,12 @@ def test_the_joblib_preset_and_threads_per_job(monkeypatch):
     assert launcher._target_.endswith("JoblibLauncher") and launcher.n_jobs == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     for n_jobs, threads in ((2, 8), (4, 4), (3, 5), (32, 1), (-1, 1), (-2, 1), (-9, 2)):
-        monkeypatch.setattr(builder, "launched_by", lambda node, n=n_jobs: OmegaConf.create(
+        monkeypatch.setattr(host, "launched_by", lambda node, n=n_jobs: OmegaConf.create(
             {"_target_": launcher._target_, "n_jobs": n}))
-        assert builder.torch_threads(None)[0] == threads, n_jobs
-        assert builder.torch_threads(3) == (3, "train.threads")  # an explicit setting wins
-    monkeypatch.setattr(builder, "launched_by", lambda node: OmegaConf.create({}))
-    assert builder.torch_threads(None) == (None, "torch's default")  # no launcher of parallel jobs
+        assert host.torch_threads(None)[0] == threads, n_jobs
+        assert host.torch_threads(3) == (3, "train.threads")  # an explicit setting wins
+    monkeypatch.setattr(host, "launched_by", lambda node: OmegaConf.create({}))
+    assert host.torch_threads(None) == (None, "torch's default")  # no launcher of parallel jobs
 
 
 def test_a_two_job_joblib_multirun_shares_the_cores(tmp_path, importable_worktree):

@@ -1,5 +1,5 @@
 """The GAN training step, written once: every update of one generator step. Training
-(gan/training/module.py), the demonstrations (``python -m gan.patterns``) and the tests all run these
+(gan/run/module.py), the demonstrations (``python -m gan.patterns``) and the tests all run these
 functions, so a claim measured on them is a claim about the step that trains.
 
 One generator step::

@@ -1,7 +1,7 @@
 """``python evaluate.py``: score a trained run's checkpoint; write ``<run>/eval/`` and the run's TensorBoard.
 
-An application at the top of the package: it rebuilds the training module from a checkpoint, then
-uses the same sampling, metrics and pictures (gan/evaluation/) as training does.
+It loads a run through the run layer (gan/run/load.py) -- its config, checkpoint and networks, as
+training saved them -- and scores it with the same sampling, metrics and pictures as training uses.
 """
 
 from __future__ import annotations
@@ -24,48 +24,17 @@ from gan.evaluation.features import to_uint8
 from gan.evaluation.metrics import build_metrics, scalars
 from gan.evaluation.pictures import real_points_for_plot, render_interpolation, render_samples, save_pngs
 from gan.evaluation.sampling import interpolate, sample_and_score
-from gan.evaluation.settings import EvalSettings
 from gan.files import atomic_write
-from gan.training.builder import build_module
-from gan.training.checkpoint import mismatched, read_checkpoint
-from gan.training.module import GANModule
-from gan.training.schema import EvaluateConfig, conform
+from gan.run.load import find_checkpoint, load_module
+from gan.run.module import GANModule
+from gan.run.schema import EvaluateConfig, conform
+from gan.run.settings import EvalSettings
 
 log = logging.getLogger(__name__)
 
 # Latent interpolation: paths between pairs of noise vectors. Images: a row of IMAGE_STEPS per path;
 # points: POINT_STEPS along each path, drawn as a line. A conditional run gets one path per class.
 PATHS, IMAGE_STEPS, POINT_STEPS = 8, 10, 24
-
-
-def find_checkpoint(run_dir: Any, ckpt: str | None) -> tuple[Path, Path]:
-    """(run directory, checkpoint file), or a ConfigError saying what is missing."""
-    if run_dir is None:
-        raise ConfigError("run_dir is required: python evaluate.py run_dir=<a train.py run directory>")
-    run = Path(run_dir).expanduser()
-    if not (run / ".hydra" / "config.yaml").is_file():
-        what = "is not a directory" if not run.is_dir() else "is not a training run (no .hydra/config.yaml)"
-        raise ConfigError(f"run_dir={run_dir} {what}: give the directory train.py wrote")
-    path = Path(ckpt).expanduser() if ckpt else run / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise ConfigError(f"checkpoint {path} does not exist: pass ckpt=<file>, e.g. one of "
-                          f"{run / 'checkpoints'}/*.ckpt")
-    return run, path
-
-
-def load_module(path: Path) -> GANModule:
-    """The GANModule of a checkpoint, rebuilt from the plain-dict config stored inside it."""
-    ckpt = read_checkpoint(path, "ckpt")
-    hp = ckpt["hyper_parameters"]
-    try:  # a checkpoint of an older version may lack a config key
-        module = build_module(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
-    except KeyError as e:
-        raise ConfigError(f"cannot rebuild a GAN from {path}: its config has no {e}") from None
-    problems = mismatched(module.state_dict(), ckpt["state_dict"])
-    if problems:  # weights that do not fit the networks its own config builds: written by another version
-        raise ConfigError(f"cannot rebuild a GAN from {path}: its weights do not fit its config ({problems})")
-    module.load_state_dict(ckpt["state_dict"])
-    return module
 
 
 def choose_generator(module: GANModule, ema: bool) -> tuple[str, str]:

@@ -47,7 +47,7 @@ from gan.evaluation.features import (
     per_channel_features,
     to_uint8,
 )
-from gan.evaluation.settings import EvalSettings
+from gan.run.settings import EvalSettings
 
 KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
 # Per-class FID only where the class has at least this many generated and this many real images. FID

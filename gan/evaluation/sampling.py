@@ -17,11 +17,11 @@ from torch import Tensor
 from gan.core.models import balanced_labels
 from gan.data.datasets import is_points
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, quantize
-from gan.evaluation.settings import EvalSettings
+from gan.run.settings import EvalSettings
 
 
 class SampleSource(Protocol):
-    """What sampling needs of a generator; :class:`gan.training.module.GANModule` is one."""
+    """What sampling needs of a generator; :class:`gan.run.module.GANModule` is one."""
 
     z_dim: int
     num_classes: int  # 0: unconditional

@@ -42,7 +42,7 @@ from gan.patterns.measure import (
     state_tensors,
 )
 from gan.patterns.models import LOSS, adam, gan_inputs, make_gan, training_module
-from gan.training.module import GANModule
+from gan.run.module import GANModule
 
 # --- freezing with requires_grad_(False) ---------------------------------------------------------------
 

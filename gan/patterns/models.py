@@ -13,9 +13,9 @@ from torch import Tensor, nn
 
 from gan.core.losses import get_loss
 from gan.core.models import build_models
-from gan.training.builder import build_module
+from gan.run.build import build_module
+from gan.run.module import GANModule
 from gan.training.compose import compose
-from gan.training.module import GANModule
 
 Z_DIM = 16
 SIZE = 16  # image side of the small models most demonstrations use

@@ -24,7 +24,6 @@ code.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -33,29 +32,8 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
+from gan.core.audit import AuditError, first_difference, snapshot
 from gan.core.phases import PhaseTimer
-
-
-class AuditError(AssertionError):
-    """The training code broke an autograd rule this project relies on."""
-
-
-def snapshot(tensors: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
-    return {name: None if t is None else t.detach().clone() for name, t in tensors.items()}
-
-
-def first_difference(before: dict[str, Tensor | None], after: dict[str, Tensor | None]) -> str | None:
-    """Name of the first entry that changed (None <-> tensor, or any element), else None."""
-    for name, old in before.items():
-        new = after[name]
-        if (old is None) != (new is None) or (old is not None and not same(old, new)):
-            return name
-    return None
-
-
-def same(a: Tensor, b: Tensor) -> bool:
-    """Element for element equal, NaN equal to NaN (a skipped non-finite update leaves NaN gradients)."""
-    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0, 0.0, 0.0), b.nan_to_num(0.0, 0.0, 0.0))
 
 
 def grads(module: nn.Module) -> dict[str, Tensor | None]:
@@ -209,32 +187,3 @@ def require_gradients(module: nn.Module, network: str, hint: str) -> None:
         if p.requires_grad and p.grad is None:
             raise AuditError(f"{network} update left {network}.{name} with no gradient{hint}")
 
-
-def checked_sampling(generator: nn.Module, sample: Callable[[], Tensor]) -> Tensor:
-    """Run ``sample()`` and check it left ``generator`` exactly as it was and returned no graph."""
-    state = snapshot(dict(generator.state_dict(keep_vars=True)))
-    modes = [(name, m.training) for name, m in generator.named_modules()]
-    flags = [(name, p.requires_grad) for name, p in generator.named_parameters()]
-    out = sample()
-    changed = first_difference(state, dict(generator.state_dict(keep_vars=True)))
-    if changed:
-        raise AuditError(f"sampling changed generator.{changed}: sample in eval mode under no_grad "
-                         "(gan.core.contexts.evaluating)")
-    after_modes = dict((name, m.training) for name, m in generator.named_modules())
-    for name, mode in modes:
-        if after_modes[name] != mode:
-            raise AuditError(f"sampling left generator.{name or '<root>'} in the wrong train/eval mode")
-    after_flags = dict((name, p.requires_grad) for name, p in generator.named_parameters())
-    for name, flag in flags:
-        if after_flags[name] != flag:
-            raise AuditError(f"sampling changed requires_grad of generator.{name}")
-    if out.requires_grad or out.grad_fn is not None:
-        raise AuditError("sampling returned a tensor attached to a graph: sample under torch.no_grad()")
-    return out
-
-
-def check_plain_numbers(values: dict[str, Any]) -> None:
-    for name, value in values.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise AuditError(f"logged value '{name}' is {type(value).__name__} {value!r}, "
-                             "not a finite Python number: log .item()")

@@ -16,11 +16,11 @@ from gan.cli import reported
 from gan.core.models import d_classifies
 from gan.data.datasets import data_shape, is_points
 from gan.errors import ConfigError
-from gan.training.checkpoint import mismatched, read_checkpoint
+from gan.run.checkpoint import mismatched, read_checkpoint
+from gan.run.module import GANModule
+from gan.run.schema import TrainConfig, conform
 from gan.training.loggers import check_loggers
-from gan.training.module import GANModule
 from gan.training.resume import Change, changes, check_changes
-from gan.training.schema import TrainConfig, conform
 
 # trainer.strategy=ddp_separate (configs/trainer/ddp.yaml): G and D each in a DistributedDataParallel of its own,
 # built by the loop (gan/training/loop.py).
@@ -71,7 +71,7 @@ MEANS = {"trainer.devices": (-1,)}
 
 
 def validate(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with its values converted to their types (gan/training/schema.py); a ConfigError names the first
+    """``cfg`` with its values converted to their types (gan/run/schema.py); a ConfigError names the first
     value that has the wrong type or lies out of range, and the fix."""
     cfg = conform(cfg, TrainConfig)
     missing = sorted(OmegaConf.missing_keys(cfg))

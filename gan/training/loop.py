@@ -25,21 +25,22 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from gan.core import snapshot, step
+from gan.core.audit import check_plain_numbers
 from gan.core.distributed import broadcast_buffers
 from gan.core.phases import PhaseTimer
 from gan.data.datasets import data_shape, is_points, mixture_means, num_classes
 from gan.data.module import GANData
 from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
-from gan.evaluation.settings import EvalSettings
-from gan.training import audit
+from gan.run.build import build_module
+from gan.run.checkpoint import read_checkpoint, save_checkpoint
+from gan.run.module import GANModule, grad_norm
+from gan.run.settings import EvalSettings
 from gan.training.audit import AutogradAudit
-from gan.training.builder import build_module, launched_by, no_gpu_probe_per_step, torch_threads
-from gan.training.checkpoint import read_checkpoint, save_checkpoint
 from gan.training.checks import SEPARATE_DDP, check_resumable, check_run_dir, check_writable, validate
 from gan.training.guard import NonFiniteGuard
+from gan.training.host import launched_by, no_gpu_probe_per_step, torch_threads
 from gan.training.loggers import build_loggers, summary_writer
-from gan.training.module import GANModule, grad_norm
 from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
 from gan.training.profiling import build_profiler
 from gan.training.resume import apply_on_resume, log_changes
@@ -344,7 +345,7 @@ def log_step(module: GANModule, result: step.StepResult, loggers: list[Any]) -> 
     values.update({f"train/skipped_{n}": getattr(module.counters, f"skipped_{n}") for n in "dg"})
     numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
     if module.audit:
-        audit.check_plain_numbers(numbers)
+        check_plain_numbers(numbers)
     for logger in loggers:  # TensorBoard's x axis is generator steps
         logger.log_metrics(numbers, step=module.counters.g)
     module.last_losses = {k: v for k, v in numbers.items() if k.startswith("loss/")}

@@ -19,16 +19,16 @@ from lightning.fabric.loggers import Logger
 from torch import Tensor
 from tqdm import tqdm
 
+from gan.core.audit import check_plain_numbers
 from gan.core.graphs import ForwardRecorder, dot_path, picture
 from gan.errors import ConfigError, StoppedAtOnce
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
-from gan.evaluation.settings import EvalSettings
-from gan.training import audit
+from gan.run.settings import EvalSettings
 
 if TYPE_CHECKING:
-    from gan.training.module import GANModule
+    from gan.run.module import GANModule
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class Metrics:
             _, values = sample_and_score(module, self.metrics, self.settings, self.seed)
         logged = scalars(values)
         if module.audit:
-            audit.check_plain_numbers(logged)
+            check_plain_numbers(logged)
         self.last = logged
         for logger in self.loggers:
             logger.log_metrics(logged, step=step)

@@ -30,7 +30,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from gan.errors import ConfigError
-from gan.training.legacy import upgrade_config
+from gan.run.legacy import upgrade_config
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def changes(saved: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
     """Every key whose value differs between the checkpoint's config ``saved`` and the ``composed`` one
     (plain containers, interpolations resolved), in the composed config's order; keys that only one of
-    them has come last. Keys added to the configs since an older run (gan/training/legacy.py) count at
+    them has come last. Keys added to the configs since an older run (gan/run/legacy.py) count at
     the value that run trained with."""
     saved, composed = copy.deepcopy(saved), copy.deepcopy(composed)
     for cfg in (saved, composed):

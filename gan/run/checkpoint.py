@@ -11,7 +11,7 @@ import torch
 
 from gan.errors import ConfigError
 from gan.files import atomic_write
-from gan.training.legacy import upgrade
+from gan.run.legacy import upgrade
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:

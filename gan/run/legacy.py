@@ -1,5 +1,5 @@
 """Runs and checkpoints from older versions of this project, read in one place: :func:`upgrade` is called
-where a checkpoint is read (gan/training/checkpoint.py's ``read_checkpoint``, for evaluate.py and the
+where a checkpoint is read (gan/run/checkpoint.py's ``read_checkpoint``, for evaluate.py and the
 resume check) and where the loop loads one to resume (gan/training/loop.py). Checkpoints of the releases
 trained by Lightning's Trainer hold the same keys the loop reads (``state_dict``, ``optimizer_states``,
 ``lr_schedulers``, ``hyper_parameters``, ``rng``), so they resume as they are."""

@@ -1,7 +1,7 @@
 """GANModule: what a training run holds and a checkpoint saves -- G, D, the objective, the EMA generator,
 the step counters and the fixed sample noise -- as one plain ``nn.Module``, so that ``state_dict()``,
 ``load_state_dict()`` and ``.to()`` cover all of it. The loop that trains it is gan/training/loop.py;
-everything here is built by :func:`gan.training.builder.build_module` from the config and handed in.
+everything here is built by :func:`gan.run.build.build_module` from the config and handed in.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from gan.core.audit import checked_sampling
 from gan.core.contexts import evaluating
 from gan.core.objective import Objective
 from gan.core.snapshot import make_snapshot
 from gan.core.state import EMAGenerator, StepCounters
-from gan.training import audit
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 
@@ -75,7 +75,7 @@ class GANModule(nn.Module):
             with evaluating(generator):
                 return generator(z, labels)
 
-        return audit.checked_sampling(generator, sample) if self.audit else sample()
+        return checked_sampling(generator, sample) if self.audit else sample()
 
     def snapshot(self, **info: Any) -> dict[str, Any]:
         """The sampling generator as ``generator.pt`` holds it (gan/core/snapshot.py): the EMA copy's weights

@@ -19,7 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from gan.errors import ConfigError, unknown_key
-from gan.evaluation.settings import EvalSettings
+from gan.run.settings import EvalSettings
 
 
 @dataclass
@@ -149,7 +149,7 @@ class Checkpoint:
 
 
 def measuring(name: str, *extra: tuple[str, type]) -> type:
-    """A schema with the fields of gan.evaluation.settings.EvalSettings, which types what the metrics measure once
+    """A schema with the fields of gan.run.settings.EvalSettings, which types what the metrics measure once
     (train.yaml's ``eval`` section, evaluate.yaml's top level), and the ``extra`` ones (which may retype
     one of them)."""
     hints = get_type_hints(EvalSettings)
@@ -157,7 +157,7 @@ def measuring(name: str, *extra: tuple[str, type]) -> type:
     return make_dataclass(name, [(key, kind, field(default=MISSING)) for key, kind in keys.items()])
 
 
-# num_samples may be null: the data's protocol count (gan.evaluation.settings).
+# num_samples may be null: the data's protocol count (gan.run.settings).
 Eval = measuring("Eval", ("every", int), ("num_samples", int | None))
 
 
@@ -217,7 +217,7 @@ def conform(cfg: DictConfig, schema: type) -> DictConfig:
     except ConfigKeyError as e:  # a key the schema does not have: a typo in a YAML file, or a +key override
         section = str(e.full_key).rpartition(".")[0]
         raise ConfigError(unknown_key(str(e.full_key), OmegaConf.select(structure, section) if section else structure)
-                          + ", and a new key needs its type in gan/training/schema.py") from None
+                          + ", and a new key needs its type in gan/run/schema.py") from None
     except ValidationError as e:  # a value of the wrong type
         raise ConfigError(f"{e.full_key}={e.value}: {e.msg.splitlines()[0]}") from None
     # Only the keys cfg has: the schema of an option group also lists the keys of the other options.
