@@ -1,6 +1,7 @@
 """How good is the MNIST (and Fashion-MNIST) preset? Train it at several seeds, score it, set it beside real data.
 
 Usage: python benchmarks/images.py [--mnist-root DIR] [--fashion-root DIR] [--split train|test]
+                                   [--mnist-recipe mnist|mnist_acgan] [--threads N]
                                    [--seeds 0 1 2] [--run-dir NAME=RUN ...] [--num-samples 10000]
                                    [--inception-weights FILE [--inception-sha256 HEX] [--inception-samples N]]
                                    [--write docs/results.md]
@@ -8,9 +9,10 @@ Usage: python benchmarks/images.py [--mnist-root DIR] [--fashion-root DIR] [--sp
 For each dataset whose files are found (``data.root`` as in configs/data/<name>.yaml: the IDX files
 under ``<root>/MNIST/raw/`` or ``<root>/raw/``; absent files are reported and skipped):
 
-1. trains ``python train.py experiment=<name> seed=<s>`` for each seed, one run at a time, in a fresh run
-   directory (its wall and CPU time and the machine's load average are printed), or takes the runs
-   named by ``--run-dir`` (repeat a name for several seeds);
+1. trains ``python train.py experiment=<name> seed=<s> [train.threads=N]`` for each seed, one run at a
+   time, in a fresh run directory (``<name>``: ``--mnist-recipe`` for MNIST, ``mnist`` by default, which is
+   told no labels; ``mnist_acgan`` is told them; its wall and CPU time and the machine's load average are
+   printed), or takes the runs named by ``--run-dir`` (repeat a name for several seeds);
 2. scores each run's EMA generator as ``python evaluate.py run_dir=<run> num_samples=<N>`` does (the
    same function, writing ``<run>/eval/``), and reads the D/G balance back from its TensorBoard scalars;
 3. the floor: the same metrics between two disjoint halves of the real images (their own ``class_kl``
@@ -19,8 +21,8 @@ under ``<root>/MNIST/raw/`` or ``<root>/raw/``; absent files are reported and sk
 4. with ``--inception-weights``, scores the first seed's run and the floor again in the Inception space
    (``features=inception``, ``--inception-samples`` generated against as many real images);
 5. prints markdown tables with the targets and whether each is met at each seed, and writes them into
-   ``--write``'s generated block ``images`` (tools/blocks.py: stamped with the command, the commit and
-   the machine).
+   ``--write``'s generated block ``images`` (``images-<recipe>`` for another ``--mnist-recipe``, without
+   Fashion-MNIST; tools/blocks.py: stamped with the command, the commit and the machine).
 
 Targets: classifier-FID at most 10 times the real-data floor, ``class_kl`` <= 0.05 (the predicted
 classes nearly uniform), ``confident`` >= 0.90 (nine samples in ten recognised with probability >= 0.9).
@@ -47,8 +49,8 @@ from gan.errors import ConfigError
 from gan.evaluation.app import evaluate_run, load_module, with_run_classifier_steps
 from gan.evaluation.metrics import ImageMetrics, build_metrics, real_images
 from gan.evaluation.sampling import sample_and_score
-from gan.evaluation.settings import EvalSettings
-from gan.training.builder import build_module
+from gan.run.build import build_module
+from gan.run.settings import EvalSettings
 from gan.training.compose import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,6 +63,10 @@ FID_FACTOR, MAX_CLASS_KL, MIN_CONFIDENT = 10.0, 0.05, 0.90
 # Healthy balance: D's logit gap over the last tenth under 1, i.e. D's odds of a real image over a fake
 # below e. A D that wins outright ends several logits apart (loss/d near 0); this recipe's, about 0.3.
 MAX_END_GAP = 1.0
+# Recipes that are given more than the images, so that no table shows them as the same thing as one that is not.
+TOLD = {"mnist_acgan": "AC-GAN: told the labels", "fashion_mnist": "AC-GAN: told the labels"}
+# D's and G's losses when D cannot tell real from fake (logits equal), per loss.
+FIFTY_FIFTY = {"nonsaturating": "non-saturating loss: 1.386 and 0.693", "rpgan": "RpGAN loss: 0.693 and 0.693"}
 
 
 def load() -> str:
@@ -73,11 +79,13 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def train_preset(name: str, root: str, split: str, seed: int, run_dir: Path) -> tuple[float, float]:
+def train_preset(name: str, root: str, split: str, seed: int, run_dir: Path,
+                 threads: int | None = None) -> tuple[float, float]:
     """``python train.py experiment=<name> seed=<seed>`` into ``run_dir``, as a user runs it; returns its
     wall and CPU seconds (all threads)."""
     command = [sys.executable, "train.py", f"experiment={name}", f"data.root={root}", f"data.split={split}",
                f"seed={seed}", f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
+    command += [f"train.threads={threads}"] if threads else []
     print(f"{name}: {' '.join(command[1:])} (load average {load()})", flush=True)
     start, cpu = time.perf_counter(), children_cpu_s()
     subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -166,7 +174,7 @@ def balance_table(balances: dict[int, dict[str, float]]) -> list[str]:
 
 
 def benchmark(name: str, root: str, split: str, seeds: list[int], run_dirs: list[Path], num_samples: int,
-              inception: list[str], inception_samples: int) -> str:
+              inception: list[str], inception_samples: int, threads: int | None = None) -> str:
     """One dataset's markdown section; where its files are absent, one line saying so (nothing crashes)."""
     cfg = compose(f"experiment={name}", f"data.root={root}", f"data.split={split}")
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
@@ -184,20 +192,24 @@ def benchmark(name: str, root: str, split: str, seeds: list[int], run_dirs: list
         # Each seed trains alone and is scored before the next starts: its time is its own.
         timing = ""
         if train_seed is not None:
-            wall, cpu = train_preset(name, root, split, train_seed, run_dir)
+            wall, cpu = train_preset(name, root, split, train_seed, run_dir, threads)
             timing = f" (trained in {wall:.0f} s wall, {cpu:.0f} s CPU)"
         result, settings = evaluate(run_dir, num_samples)
         seed = int(OmegaConf.load(run_dir / ".hydra" / "config.yaml").seed)
         print(f"{name} seed {seed}: " + ", ".join(f"{c} {result[c]:.4g}" for c in COLUMNS), flush=True)
         trained[seed], balances[seed] = result, balance(run_dir)
-        rows[f"`experiment={name} seed={seed}`, EMA generator, step {result['step']:,}{timing}"] = result
+        told = f" ({TOLD[name]})" if name in TOLD else ""
+        rows[f"`experiment={name} seed={seed}`{told}, EMA generator, step {result['step']:,}{timing}"] = result
     run_dirs = [run_dir for _, run_dir in plan]
     floor, step0, half = references(run_dirs[0], settings)
     rows = {f"real data, two halves ({half:,} vs {half:,}): the floor": floor,
             "untrained generator (step 0)": step0, **rows}
-    lines = [f"**{name}** ({split} split), {num_samples:,} samples, sample seed 0, `{result['features']}` features:",
+    told = TOLD.get(name, "no labels: noise alone into G, images alone into D")
+    fifty = FIFTY_FIFTY.get(cfg.loss.name, f"{cfg.loss.name} loss")
+    lines = [f"**{name}** ({told}; {split} split), {num_samples:,} samples, sample seed 0, "
+             f"`{result['features']}` features:",
              "", *metrics_table(rows), "", *targets_table(trained, floor["fid"]), "",
-             "D/G balance (TensorBoard scalars read back; non-saturating loss: 1.386 and 0.693 at D's 50/50):", "",
+             f"D/G balance (TensorBoard scalars read back; {fifty} at D's 50/50):", "",
              *balance_table(balances)]
     if inception:  # the first seed's run only: Inception-v3 takes about 0.2 s an image on a 2-core CPU
         overrides = ["features=inception", *inception, f"num_real={inception_samples}"]
@@ -215,6 +227,9 @@ def main() -> None:
     parser.add_argument("--mnist-root", default="data", help="data.root of MNIST (default: data)")
     parser.add_argument("--fashion-root", default="data", help="data.root of Fashion-MNIST (default: data)")
     parser.add_argument("--split", default="train", choices=("train", "test"))
+    parser.add_argument("--mnist-recipe", default="mnist", choices=("mnist", "mnist_acgan"),
+                        help="the recipe trained on the MNIST files (default: mnist, without labels)")
+    parser.add_argument("--threads", type=int, help="train.threads of each run (default: the recipe's)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default: 0 1 2)")
     parser.add_argument("--run-dir", nargs="*", default=[], metavar="NAME=RUN",
                         help="score trained runs instead of training, e.g. mnist=outputs/a mnist=outputs/b")
@@ -231,11 +246,14 @@ def main() -> None:
         runs.setdefault(name, []).append(Path(run))
     inception = [f"inception_weights={args.inception_weights}"] if args.inception_weights else []
     inception += [f"inception_sha256={args.inception_sha256}"] if args.inception_sha256 and inception else []
-    datasets = [("mnist", args.mnist_root), ("fashion_mnist", args.fashion_root)]
+    datasets = [(args.mnist_recipe, args.mnist_root)]
+    # Fashion-MNIST's recipe is the AC-GAN's: it goes with the block of the default recipe only.
+    datasets += [("fashion_mnist", args.fashion_root)] if args.mnist_recipe == "mnist" else []
     text = "\n\n".join(benchmark(name, root, args.split, args.seeds, runs.get(name, []), args.num_samples,
-                                 inception, args.inception_samples) for name, root in datasets)
+                                 inception, args.inception_samples, args.threads) for name, root in datasets)
     print(text)
-    write_block(args.write, "images", text, "python benchmarks/images.py " + " ".join(sys.argv[1:]), ["gan", "configs"])
+    block = "images" if args.mnist_recipe == "mnist" else f"images-{args.mnist_recipe}"
+    write_block(args.write, block, text, "python benchmarks/images.py " + " ".join(sys.argv[1:]), ["gan", "configs"])
     print(f"wrote the table into {args.write}")
 
 
