@@ -44,7 +44,7 @@ import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gan.data.datasets import build_dataset, data_shape
+from gan.data.datasets import build_dataset, data_shape, population
 from gan.errors import ConfigError
 from gan.evaluation.app import evaluate_run, load_module, with_run_classifier_steps
 from gan.evaluation.metrics import ImageMetrics, build_metrics, real_images
@@ -112,7 +112,7 @@ def references(run_dir: Path, settings: EvalSettings,
     """
     module = load_module(run_dir / "checkpoints" / "last.ckpt")
     cfg = module.cfg
-    dataset = build_dataset(cfg["data"], cfg["seed"])
+    dataset = population(cfg["data"], cfg["seed"])
     metrics = build_metrics(cfg["data"], dataset, settings)  # the feature network evaluate.py used (cached)
     images, labels = real_images(dataset, settings.num_real)
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))

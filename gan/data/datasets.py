@@ -277,7 +277,7 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
         if channels != cfg["channels"]:
             raise ConfigError(f"data={name} has {channels}-channel images and data.channels={cfg['channels']}: "
                               f"set data.channels={channels}")
-        return dataset
+        return subset(dataset, cfg, seed) if name != "stacked_mnist" else dataset
     if name == "folder":
         folder = ImageFolderDataset(cfg["path"], cfg["image_size"], cfg["channels"])
         preload = cfg.get("preload", "auto")
@@ -285,10 +285,40 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
             raise ConfigError(f"data.preload={preload}: use auto, true or false")
         size = len(folder) * cfg["channels"] * cfg["image_size"] ** 2 * 4  # float32 bytes
         if preload is True or (preload == "auto" and size <= PRELOAD_LIMIT):
-            return folder.decoded()
+            return subset(folder.decoded(), cfg, seed)
+        if cfg.get("classes") is not None or cfg.get("limit") is not None:
+            raise ConfigError("data.classes and data.limit choose among images held in memory: add data.preload=true")
         return folder
     raise ConfigError(f"unknown dataset '{name}': use "
                       "data=digits|ring|grid|mnist|fashion_mnist|stacked_mnist|cifar10|folder")
+
+
+def subset(dataset: TensorDataset, cfg: dict[str, Any], seed: int) -> TensorDataset:
+    """The images of ``data.classes`` (null: all), then ``data.limit`` of them (null: all), drawn with ``seed``:
+    a few-shot training set. Labels keep their values, so that a classifier of the whole dataset reads them."""
+    classes, limit = cfg.get("classes"), cfg.get("limit")
+    images, labels = dataset.tensors
+    keep = torch.arange(len(labels))
+    if classes is not None:
+        present = set(labels.unique().tolist())
+        absent = [c for c in classes if c not in present] if classes else [None]
+        if absent:
+            raise ConfigError(f"data.classes={list(classes)}: data={cfg['name']} has no class {absent[0]} "
+                              f"(its classes: {sorted(present)}): choose among those, or null for all")
+        keep = keep[torch.isin(labels, torch.tensor(list(classes)))]
+    if limit is not None:
+        if not 1 <= limit <= len(keep):
+            chosen = f" of data.classes={list(classes)}" if classes is not None else ""
+            raise ConfigError(f"data.limit={limit}: data={cfg['name']} has {len(keep):,} images{chosen}: "
+                              f"give 1 to {len(keep)}, or null for all")
+        keep = keep[torch.randperm(len(keep), generator=torch.Generator().manual_seed(seed))[:limit]].sort().values
+    return dataset if len(keep) == len(labels) else TensorDataset(images[keep], labels[keep])
+
+
+def population(cfg: dict[str, Any], seed: int) -> Dataset:
+    """The images a run is measured against: those of ``data.classes``, without ``data.limit``. A few-shot run
+    learns the distribution its few images were drawn from, and is scored against all of it."""
+    return build_dataset({**cfg, "limit": None} if cfg.get("limit") is not None else cfg, seed)
 
 
 def num_classes(dataset: Dataset) -> int:

@@ -18,7 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 from gan.core import snapshot
 from gan.core.devices import resolve_device
 from gan.core.models import balanced_labels
-from gan.data.datasets import build_dataset, data_shape, is_points, mixture_means
+from gan.data.datasets import data_shape, is_points, mixture_means, population
 from gan.errors import ConfigError
 from gan.evaluation.features import to_uint8
 from gan.evaluation.metrics import build_metrics, scalars
@@ -105,7 +105,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     images = image_directory(cfg.images, run_cfg["data"])
     settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg), run_cfg["data"]["name"])
     generator, tag = choose_generator(module, cfg.ema)
-    dataset = build_dataset(run_cfg["data"], run_cfg["seed"])
+    dataset = population(run_cfg["data"], run_cfg["seed"])  # all images of data.classes, not only data.limit
     metrics = build_metrics(run_cfg["data"], dataset, settings, device)
     samples, values = sample_and_score(module, metrics, settings, cfg.seed)
     step = int(module.counters.g_updates)

@@ -26,6 +26,7 @@ seed, same numbers.
 from __future__ import annotations
 
 import hashlib
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities import dim_zero_cat
 
 from gan.core.contexts import evaluating
-from gan.data.datasets import STACKED_MODES, StackedMNIST, is_points, mixture_means, stack_modes
+from gan.data.datasets import STACKED_MODES, StackedMNIST, build_dataset, is_points, mixture_means, stack_modes
 from gan.errors import ConfigError
 from gan.evaluation.features import (
     FeatureExtractor,
@@ -223,9 +224,9 @@ class ImageMetrics(nn.Module):
     """
 
     def __init__(self, extractor: FeatureExtractor, k: int = 3, kid_subset_size: int = KID_SUBSET_SIZE,
-                 batch_size: int = 250):
+                 batch_size: int = 250, classes: list[int] | None = None):
         super().__init__()
-        self.extractor, self.k = extractor, k
+        self.extractor, self.k, self.classes = extractor, k, classes  # classes: data.classes, the ones to learn
         self.kid_subset_size, self.batch_size = kid_subset_size, batch_size
         # The one extractor instance is FID's and KID's `feature`: one feature space by construction.
         # reset_real_features=False: reset() before each score forgets only the generated images.
@@ -280,7 +281,7 @@ class ImageMetrics(nn.Module):
                   "recall": recall, "density": density, "coverage": coverage, "features": self.extractor.name}
         if self.extractor.head is not None:
             with torch.no_grad():
-                values.update(class_balance(self.extractor.head(fake_features)))
+                values.update(class_balance(self.extractor.head(fake_features), self.classes))
         if labels is not None:
             values.update(self.class_scores(real_features, fake_features, labels.to(fake_features.device)))
         return values
@@ -310,17 +311,34 @@ class ImageMetrics(nn.Module):
         return values
 
 
-def class_balance(logits: Tensor, confidence: float = CONFIDENCE) -> dict[str, float]:
+def class_balance(logits: Tensor, classes: list[int] | None = None,
+                  confidence: float = CONFIDENCE) -> dict[str, float]:
     """How the feature classifier sees a set of images, from its ``logits`` (N, K).
 
     ``class_kl``: the KL divergence of the predicted classes' shares from the uniform distribution,
     sum_k p_k log(K p_k) (0: every class equally often; log K: one class only) -- the image analogue
     of the 2D mixtures' ``reverse_kl``. ``confident``: the share of images whose most likely class has
     probability >= ``confidence``: images the classifier recognises, rather than strokes between classes.
+
+    ``classes`` (a run's ``data.classes``): only those are to be learned. ``confident`` then counts an image
+    recognised as one of them, ``class_kl`` compares the predicted shares with the uniform over them (images
+    predicted as another class count toward no share), and ``classes_present`` counts those predicted
+    confidently for at least a quarter of their fair share of the images.
     """
     probabilities = logits.double().softmax(dim=1)
-    return {"class_kl": kl_from_uniform(probabilities.argmax(dim=1), probabilities.shape[1]),
-            "confident": (probabilities.max(dim=1).values >= confidence).double().mean().item()}
+    best, predicted = probabilities.max(dim=1)
+    sure = best >= confidence
+    if classes is None:
+        return {"class_kl": kl_from_uniform(predicted, probabilities.shape[1]),
+                "confident": sure.double().mean().item()}
+    position = torch.full_like(predicted, -1)  # each image's predicted class, as its place in `classes` (-1: other)
+    for i, label in enumerate(classes):
+        position[predicted == label] = i
+    inside = position >= 0
+    counts = torch.bincount(position[inside & sure], minlength=len(classes))
+    return {"class_kl": kl_from_uniform(position[inside], len(classes)) if inside.any() else math.log(len(classes)),
+            "confident": (sure & inside).double().mean().item(),
+            "classes_present": int((counts >= len(predicted) / len(classes) / 4).sum())}
 
 
 def resize_real_labels(module: ImageMetrics, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -375,8 +393,14 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
         return stacked_metrics(data_cfg, dataset, settings, device)
     images, labels = real_images(dataset, settings.num_real)
     images = images.to(device)
-    metrics = ImageMetrics(feature_space(data_cfg, images, labels, settings, device),
-                           batch_size=settings.batch_size).to(device)
+    classes = data_cfg.get("classes")
+    if classes is None:
+        space = feature_space(data_cfg, images, labels, settings, device)
+    else:  # the classifier of every class, which can tell a sample of the chosen classes from one of the others
+        whole = build_dataset({**data_cfg, "classes": None, "limit": None}, 0)
+        every, every_label = real_images(whole, settings.num_real)
+        space = feature_space(data_cfg, every.to(device), every_label, settings, device)
+    metrics = ImageMetrics(space, batch_size=settings.batch_size, classes=classes).to(device)
     metrics.add_real(images, labels)
     return metrics
 

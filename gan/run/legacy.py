@@ -22,6 +22,11 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "loss.gp_weight": 0.0,
     "model.d_condition": "input",
     "model.codes": 0,
+    "data.classes": None,
+    "data.limit": None,
+    "init_from": None,
+    "finetune.freeze_d": 0,
+    "finetune.freeze_g": 0,
 }
 
 # State moved since: the running means of D's outputs and the augmentation state now live in the

@@ -39,4 +39,6 @@ def load_module(path: Path) -> GANModule:
     if problems:  # weights that do not fit the networks its own config builds: written by another version
         raise ConfigError(f"cannot rebuild a GAN from {path}: its weights do not fit its config ({problems})")
     module.load_state_dict(ckpt["state_dict"])
+    if hp.get("init_from") is not None:  # a fine-tuning run's record of where it started
+        module.hparams["init_from"] = hp["init_from"]
     return module

@@ -83,7 +83,12 @@ class GANModule(nn.Module):
         return make_snapshot(self.sampling_generator, model=self.cfg["model"], z_dim=self.z_dim,
                              data_shape=tuple(self.hparams["data_shape"]), num_classes=self.num_classes,
                              generator="G" if self.ema is None else "ema", step=self.counters.g,
-                             data=self.cfg["data"]["name"], **info)
+                             data=self.cfg["data"]["name"], **self.started_from(), **info)
+
+    def started_from(self) -> dict[str, Any]:
+        """Where a fine-tuning run's weights came from (``init_from``: its checkpoint and generator step)."""
+        record = self.hparams.get("init_from")
+        return {} if record is None else {"init_from": record}
 
     # --- optimizers ------------------------------------------------------------------------------
 
@@ -95,7 +100,9 @@ class GANModule(nn.Module):
         checkpoint holds the step, so a resumed run continues on the line of its own ``trainer.max_steps``
         (LinearLR would multiply its way there step by step instead).
         """
-        optimizers = [self.make_optimizers[0](self.G.parameters()), self.make_optimizers[1](self.D.parameters())]
+        # Frozen parameters (finetune.freeze_*) are left out: an optimizer holding them would keep state for them.
+        optimizers = [make([p for p in network.parameters() if p.requires_grad])
+                      for make, network in zip(self.make_optimizers, (self.G, self.D))]
         if self.lr_decay == "constant":
             return optimizers, []
         return optimizers, [LambdaLR(o, lambda s: max(0.0, 1.0 - s / self.max_steps)) for o in optimizers]

@@ -38,6 +38,8 @@ class Data:
     num_stacks: int = MISSING  # stacked_mnist
     path: str = MISSING  # folder
     preload: Any = MISSING  # auto, true or false
+    classes: list[int] | None = MISSING  # labelled images
+    limit: int | None = MISSING
 
 
 @dataclass
@@ -162,6 +164,12 @@ Eval = measuring("Eval", ("every", int), ("num_samples", int | None))
 
 
 @dataclass
+class Finetune:
+    freeze_d: Any = MISSING  # a number of blocks, or a list of block names
+    freeze_g: Any = MISSING
+
+
+@dataclass
 class Resume:
     allow_changes: bool = MISSING
 
@@ -177,6 +185,8 @@ class TrainConfig:
 
     seed: int = MISSING
     ckpt_path: str | None = MISSING
+    init_from: str | None = MISSING
+    finetune: Finetune = field(default_factory=Finetune)
     audit: bool = MISSING
     resume: Resume = field(default_factory=Resume)
     metric: str | None = MISSING

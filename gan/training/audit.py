@@ -12,6 +12,9 @@ at the first violation:
 * each update's optimizer holds exactly the parameters of the network it updates, steps once per
   update, and moves that network's weights (an update the non-finite guard skipped moves nothing, and is
   let be);
+* parameters frozen for fine-tuning (``finetune.freeze_*``) stay bit-identical and without a gradient
+  through every update, and the G update, which freezes all of D, gives each D parameter back the
+  ``requires_grad`` it had;
 * G and D run every training forward in train mode (every submodule): eval mode is for sampling;
 * sampling leaves every generator parameter and buffer bit-identical, restores train/eval mode and
   ``requires_grad`` flags, and returns tensors without a graph;
@@ -69,6 +72,10 @@ class AutogradAudit:
         self.module, self.phases, self.scaler = module, phases, scaler
         self.updates = {id(opt_g): "G", id(opt_d): "D"}
         self.steps = {"G": 0, "D": 0}
+        parameters = {f"{n}.{name}": p for n in "GD" for name, p in getattr(module, n).named_parameters()}
+        self.flags = {name: p.requires_grad for name, p in parameters.items()}
+        self.frozen = {name: p for name, p in parameters.items() if not p.requires_grad}
+        self.frozen_weights = snapshot(self.frozen)
         # D's state is recorded right after the last D update of each step, before the G update runs D
         # forward: the optimizer's step hook sits there.
         self.hooks = [
@@ -129,6 +136,7 @@ class AutogradAudit:
     def after_step(self, optimizer: Any, kwargs: dict[str, Any]) -> None:
         network = self.network_of(optimizer)
         self.steps[network] += 1
+        self.check_frozen(network)
         module = getattr(self.module, network)
         found_inf = kwargs.get("found_inf", getattr(optimizer, "found_inf", None))  # the guard's (or GradScaler's)
         skipped = found_inf is not None and bool(found_inf.item())
@@ -140,6 +148,22 @@ class AutogradAudit:
         if network == "D" and self.phases.d_update == self.module.d_steps - 1:
             D = self.module.D
             self.d_state = snapshot({**dict(D.named_parameters()), **dict(D.named_buffers())})
+
+    def check_frozen(self, network: str) -> None:
+        """After ``network``'s update: frozen parameters unmoved and without gradients, every flag as it was."""
+        moved = first_difference(self.frozen_weights, self.frozen)
+        if moved:
+            raise AuditError(f"the {network} update moved frozen {moved}: a frozen parameter must stay out of the "
+                             "optimizer")
+        for name, p in self.frozen.items():
+            if p.grad is not None:
+                raise AuditError(f"frozen {name} holds a gradient after the {network} update: requires_grad_(False) "
+                                 "must stay set on it")
+        parameters = {f"{n}.{name}": p for n in "GD" for name, p in getattr(self.module, n).named_parameters()}
+        for name, p in parameters.items():
+            if p.requires_grad != self.flags[name]:
+                raise AuditError(f"{name}.requires_grad is {p.requires_grad} after the {network} update, "
+                                 f"{self.flags[name]} before: freezing D for G's update must restore each flag")
 
     def step_start(self) -> None:
         self.steps = {"G": 0, "D": 0}

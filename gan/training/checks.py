@@ -14,9 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from gan.cli import reported
 from gan.core.models import d_classifies
-from gan.data.datasets import data_shape, is_points
+from gan.data.datasets import build_dataset, data_shape, is_points, num_classes
 from gan.errors import ConfigError
+from gan.run.build import build_module
 from gan.run.checkpoint import mismatched, read_checkpoint
+from gan.run.finetune import init_checkpoint, start_from
 from gan.run.module import GANModule
 from gan.run.schema import TrainConfig, conform
 from gan.training.loggers import check_loggers
@@ -60,6 +62,7 @@ AT_LEAST = {
     "train.z_dim": (1, "the size of G's noise vector"),
     "ema.start": (0, "generator steps during which the EMA copy follows G"),
     "data.num_stacks": (1, "data=stacked_mnist's images, each three MNIST digits"),
+    "data.limit": (1, "images kept of the data (null: all)"),
     "log.every": (1, "generator steps between logged scalars"),
     "log.sample_every": (1, "generator steps between sample grids"),
     "checkpoint.every": (1, "generator steps between periodic checkpoints"),
@@ -114,6 +117,8 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
+    if cfg.init_from is not None and cfg.ckpt_path is None:  # a resume takes its weights from ckpt_path
+        init_checkpoint(cfg.init_from)
     return cfg
 
 
@@ -158,9 +163,24 @@ class CheckBeforeWriting(Callback):
             cfg = validate(OmegaConf.create(task))
             check_run_dir(run_dir, cfg.ckpt_path)
             check_writable(run_dir)
+            check_finetune(cfg)
             if cfg.ckpt_path is not None:  # a refused resume into its own run leaves that run's .hydra/ as it was
                 check_changes(config_changes(read_checkpoint(cfg.ckpt_path, "ckpt_path"),
                                              OmegaConf.to_container(cfg, resolve=True)), cfg)
+
+
+def check_finetune(cfg: DictConfig) -> None:
+    """Refuse a subset of the data (``data.classes``, ``data.limit``) it does not have, an ``init_from`` whose
+    networks do not fit this config's, or a ``finetune.freeze_*`` naming no block, by doing each here on data
+    and networks the run will build again."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    finetune, data = container["finetune"], container["data"]
+    subset = data.get("classes") is not None or data.get("limit") is not None
+    starts = (cfg.init_from is not None and cfg.ckpt_path is None) or finetune["freeze_d"] or finetune["freeze_g"]
+    dataset = build_dataset(data, cfg.seed) if subset or (starts and cfg.model.conditional) else None
+    if starts:
+        classes = num_classes(dataset) if cfg.model.conditional else 0
+        start_from(build_module(container, data_shape(data), classes), container)
 
 
 def check_resumable(module: GANModule, cfg: DictConfig) -> list[Change]:

@@ -28,12 +28,13 @@ from gan.core import snapshot, step
 from gan.core.audit import check_plain_numbers
 from gan.core.distributed import broadcast_buffers
 from gan.core.phases import PhaseTimer
-from gan.data.datasets import data_shape, is_points, mixture_means, num_classes
+from gan.data.datasets import data_shape, is_points, mixture_means, num_classes, population
 from gan.data.module import GANData
 from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
 from gan.run.build import build_module
 from gan.run.checkpoint import read_checkpoint, save_checkpoint
+from gan.run.finetune import start_from
 from gan.run.module import GANModule, grad_norm
 from gan.run.settings import EvalSettings
 from gan.training.audit import AutogradAudit
@@ -101,6 +102,10 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
         log_changes(check_resumable(module, cfg))
         checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
         module.load_state_dict(checkpoint["state_dict"])
+    # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
+    for line in start_from(module, container, checkpoint):
+        if fabric.is_global_zero:
+            log.info(line)
     if fabric.is_global_zero:
         log.info(f"networks:\n{describe_networks(module)}")
     precision = fabric.strategy.precision
@@ -180,7 +185,8 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     if fabric.is_global_zero:
         samples.at_start(module)
         if metrics is not None:
-            metrics.at_start(module, container["data"], data.dataset)
+            measured = data.dataset if cfg.data.get("limit") is None else population(container["data"], cfg.seed)
+            metrics.at_start(module, container["data"], measured)
     progress = Progress(cfg.trainer.max_steps, start) if cfg.trainer.enable_progress_bar and fabric.is_global_zero \
         else None
     max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds

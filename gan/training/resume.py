@@ -7,8 +7,9 @@
   ``audit`` and ``timing.*`` are read from the config as it is now. One log line each.
 * **Refused**: what defines the networks, the objective or the data -- ``model.*``, ``loss.*``,
   ``reg.*``, ``augment.*``, ``data.*`` (but :data:`HOW_DATA_IS_READ`), ``train.batch_size``,
-  ``train.z_dim``, ``train.d_steps``, ``seed``, ``ema.*`` and the rest of ``optim.*`` (the optimizer's
-  class and options, the decay): a run so resumed would no longer be the run its checkpoint continues.
+  ``train.z_dim``, ``train.d_steps``, ``seed``, ``ema.*``, the rest of ``optim.*`` (the optimizer's
+  class and options, the decay), ``init_from`` and ``finetune.*`` (what the run started from and froze):
+  a run so resumed would no longer be the run its checkpoint continues.
   One ConfigError line lists them and the overrides that resume as trained;
   ``resume.allow_changes=true`` goes on with them, one warning line each.
 * Everything else -- how the run is executed (``trainer.*`` devices, precision, strategy, progress bar,
@@ -45,7 +46,7 @@ HOW_DATA_IS_READ = ("data.num_workers", "data.preload", "data.root", "data.downl
 HOW_IT_IS_COMPUTED = ("optim.g.fused", "optim.d.fused", "train.threads", "train.compile")
 # What the networks, the objective and the data are.
 REFUSED = ("model", "loss", "reg", "augment", "data", "train.batch_size", "train.z_dim", "train.d_steps", "seed",
-           "ema", "optim")
+           "ema", "optim", "init_from", "finetune")
 # Option groups chosen by name (configs/<group>/<name>.yaml): a changed name is undone by choosing the old option.
 GROUPS = ("data", "model", "loss", "reg", "augment")
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -1,0 +1,96 @@
+"""Starting a run from another run's networks (``init_from=``), and freezing some of their layers
+(``finetune.freeze_g``, ``finetune.freeze_d``): fine-tuning. Unlike a resume (``ckpt_path=``), which continues
+the same run, the new run takes only G's, D's and the EMA generator's weights (with their BatchNorm
+statistics); its optimizers, schedules, step counters, the objective's running statistics and the random
+streams start fresh, on data that may differ wherever the shapes fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from gan.core.freezing import block_names, blocks, freeze
+from gan.errors import ConfigError
+from gan.run.checkpoint import read_checkpoint
+from gan.run.module import GANModule
+
+# The parts of a module whose weights a fine-tuning run starts from.
+NETWORKS = ("G", "D", "ema")
+
+
+def init_checkpoint(init_from: str) -> Path:
+    """The checkpoint ``init_from`` names: a .ckpt file, or a run directory (its checkpoints/last.ckpt)."""
+    path = Path(init_from).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"init_from={init_from}: {path} does not exist: give a train.py run directory or one of "
+                          "its checkpoints/*.ckpt")
+    return path
+
+
+def initialise(module: GANModule, path: Path) -> dict[str, Any]:
+    """Load G's, D's and the EMA generator's weights from the checkpoint at ``path`` into ``module``; returns
+    what the run records of where it started (the file and its generator step). A ConfigError names the
+    first layer whose shape does not fit, before anything is loaded. A source run without an EMA generator
+    starts this one's EMA from G."""
+    checkpoint = read_checkpoint(path, "init_from")
+    source = checkpoint["state_dict"]
+    wanted = {k: v for k, v in module.state_dict().items() if k.split(".")[0] in NETWORKS}
+    has_ema = any(k.startswith("ema.") for k in source)
+    for name, tensor in wanted.items():
+        if name.startswith("ema.") and not has_ema:
+            continue
+        if name not in source:
+            raise ConfigError(f"init_from={path}: that run has no layer {name}: its networks are not this config's "
+                              "(train with the model settings it was trained with)")
+        if source[name].shape != tensor.shape:
+            raise ConfigError(f"init_from={path}: layer {name} is {list(source[name].shape)} there and "
+                              f"{list(tensor.shape)} here: the data or model settings differ where the shapes must fit")
+    module.load_state_dict({**module.state_dict(), **{k: source[k] for k in wanted if k in source}})
+    if module.ema is not None and not has_ema:
+        module.ema.generator.load_state_dict(module.G.state_dict())
+    step = int(source["counters.g_updates"]) if "counters.g_updates" in source else None
+    return {"checkpoint": str(path.resolve()), "step": step}
+
+
+def start_from(module: GANModule, cfg: dict[str, Any], resumed: dict[str, Any] | None = None) -> list[str]:
+    """Fine-tune ``module`` as the config ``cfg`` (a plain container) asks: its weights from ``init_from``, unless
+    it resumes from the checkpoint ``resumed`` (which holds its weights, and the record of where it started),
+    then the frozen blocks. Returns what to log."""
+    lines = []
+    if resumed is not None:
+        record = resumed["hyper_parameters"].get("init_from")
+        if record is not None:
+            module.hparams["init_from"] = record
+    elif cfg.get("init_from") is not None:
+        record = initialise(module, init_checkpoint(cfg["init_from"]))
+        module.hparams["init_from"] = record
+        lines.append(f"init_from: G, D and the EMA generator of {record['checkpoint']} (its generator step "
+                     f"{record['step']}); optimizers, schedules, counters and random streams start fresh")
+    finetune = cfg.get("finetune") or {}
+    if finetune.get("freeze_d", 0) or finetune.get("freeze_g", 0):
+        lines.append(f"finetune: {freeze_networks(module, finetune)}")
+    return lines
+
+
+def freeze_networks(module: GANModule, finetune: dict[str, Any]) -> str:
+    """Freeze the blocks ``finetune`` (the config's section) names in G and D, once, before the optimizers are
+    built; returns one line saying what trains."""
+    lines = []
+    for name, network in (("G", module.G), ("D", module.D)):
+        key = f"freeze_{name.lower()}"
+        frozen = set(freeze(network, finetune.get(key, 0), f"finetune.{key}"))
+        names = [block for block, params in zip(block_names(network), blocks(network)) if params[0] in frozen]
+        trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in network.parameters())
+        lines.append(f"{name} blocks {', '.join(names) or 'none'} frozen of {block_names(network)}, {trainable:,} of "
+                     f"{total:,} parameters train")
+    return "; ".join(lines)
+
+
+def frozen_parameters(network: nn.Module) -> list[str]:
+    """The names of ``network``'s parameters that do not train."""
+    return [name for name, p in network.named_parameters() if not p.requires_grad]
