@@ -117,7 +117,7 @@ def references(run_dir: Path, settings: EvalSettings,
     images, labels = real_images(dataset, settings.num_real)
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
     first, second = order.tensor_split(2)
-    halves = ImageMetrics(metrics.extractor, batch_size=settings.batch_size)
+    halves = ImageMetrics(metrics.extractor, batch_size=settings.batch_size, classes=metrics.classes)
     halves.add_real(images[first], labels[first])
     floor = halves.score(images[second], seed=0)
     if not untrained:
