@@ -10,24 +10,11 @@ from typing import Any
 
 import torch
 
-# Config keys added after the first runs, with the value those runs trained with.
-CONFIG_DEFAULTS: dict[str, Any] = {
-    "audit": False,
-    "train.skip_nonfinite": False,
-    "train.channels_last": False,
-    "train.compile": False,
-    "timing.enabled": True,
-    "timing.sync": False,
-    "optim.decay": "constant",
-    "loss.gp_weight": 0.0,
-    "model.d_condition": "input",
-    "model.codes": 0,
-    "data.classes": None,
-    "data.limit": None,
-    "init_from": None,
-    "finetune.freeze_d": 0,
-    "finetune.freeze_g": 0,
-}
+from gan.run.schema import DECLARED
+
+# Config keys added after the first runs, with the value those runs trained with (declared with each key).
+CONFIG_DEFAULTS: dict[str, Any] = {name: declared["before"] for name, declared in DECLARED.items()
+                                   if "before" in declared}
 
 # State moved since: the running means of D's outputs and the augmentation state now live in the
 # objective (gan/core/objective.py).

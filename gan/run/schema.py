@@ -1,18 +1,29 @@
-"""The type of every config key: the schemas of configs/train.yaml and configs/evaluate.yaml.
+"""Every config key of configs/train.yaml, declared once: its type, and where they apply its lower bound, whether a
+resume may change it, and the value runs from before the key existed trained with. The YAML files hold every
+default (an option's keys differ from option to option); what else a key is, is declared here, and read by
+the checks (gan/training/checks.py), the resume policy (gan/training/resume.py) and old runs' configs
+(gan/run/legacy.py). Also the schema of configs/evaluate.yaml.
 
 :func:`conform` merges a composed config into its schema with OmegaConf, which refuses a key the
 schema does not list and a value it cannot convert to the key's type (``trainer.max_steps=abc``), and
-converts what it can (``ema.decay=1`` becomes 1.0). The YAML files hold every default; the schemas
-hold none, only types. Every section is closed: a new key in a YAML file needs its line here.
+converts what it can (``ema.decay=1`` becomes 1.0). Every section is closed: a new key in a YAML file needs
+its line here.
 
 The option groups (data, model, loss, reg, augment) hold different keys for each option (``data=ring``
 has ``num_points``, ``data=digits`` has ``image_size``): each schema lists the keys of all options,
 and :func:`conform` keeps only the keys the chosen option has.
+
+What a resume (``ckpt_path=``) may change, per key or for a whole section (a key without its own
+``resume`` follows its section's): ``applied`` (set on the restored run: learning rates, steps, logging),
+``refused`` (what defines the networks, the objective or the data, unless ``resume.allow_changes=true``),
+``free`` (how the run executes or reads its data: takes effect as given; the default) and ``ignored`` (where
+the run is and resumes from).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -21,25 +32,46 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from gan.errors import ConfigError, unknown_key
 from gan.run.settings import EvalSettings
 
+RESUME_POLICIES = ("applied", "refused", "free", "ignored")
+
+
+def key(*, least: int | None = None, meaning: str = "", also: tuple[Any, ...] = (), resume: str | None = None,
+        before: Any = NO_DEFAULT) -> Any:
+    """A config key's declaration: ``least`` its lower bound (``meaning``: what the key is, for the error;
+    ``also``: values below it that mean something), ``resume`` what a resume may do with it, ``before`` the value
+    runs from before the key existed trained with."""
+    assert resume is None or resume in RESUME_POLICIES, resume
+    declared: dict[str, Any] = {"least": least, "meaning": meaning, "also": also} if least is not None else {}
+    if resume is not None:
+        declared["resume"] = resume
+    if before is not NO_DEFAULT:
+        declared["before"] = before
+    return field(default=MISSING, metadata=declared)
+
+
+def section(schema: type, *, resume: str | None = None) -> Any:
+    """A section of the config, and what a resume may do with its keys that declare nothing of their own."""
+    return field(default_factory=schema, metadata={"resume": resume} if resume else {})
+
 
 @dataclass
 class Data:
     name: str = MISSING
     batch_size: int = MISSING
-    num_workers: int = MISSING
+    num_workers: int = key(resume="free")  # how the data is read, not what it is
     num_points: int = MISSING  # ring, grid
     std: float = MISSING
     image_size: int = MISSING  # images
     channels: int = MISSING
-    channels_last: bool = MISSING
-    root: str = MISSING  # mnist, fashion_mnist, stacked_mnist, cifar10
-    download: bool = MISSING
+    channels_last: bool = key(resume="free")
+    root: str = key(resume="free")  # mnist, fashion_mnist, stacked_mnist, cifar10
+    download: bool = key(resume="free")
     split: str = MISSING
-    num_stacks: int = MISSING  # stacked_mnist
+    num_stacks: int = key(least=1, meaning="data=stacked_mnist's images, each three MNIST digits")  # stacked_mnist
     path: str = MISSING  # folder
-    preload: Any = MISSING  # auto, true or false
-    classes: list[int] | None = MISSING  # labelled images
-    limit: int | None = MISSING
+    preload: Any = key(resume="free")  # auto, true or false
+    classes: list[int] | None = key(before=None)  # labelled images
+    limit: int | None = key(least=1, meaning="images kept of the data (null: all)", before=None)
 
 
 @dataclass
@@ -47,19 +79,19 @@ class Model:
     name: str = MISSING
     spectral_norm: bool = MISSING
     conditional: bool = MISSING
-    d_condition: str = MISSING
-    codes: int = MISSING
-    width: int = MISSING  # dcgan
+    d_condition: str = key(before="input")
+    codes: int = key(before=0)
+    width: int = key(least=1, meaning="model=dcgan's channels at its widest resolution")  # dcgan
     d_batchnorm: bool = MISSING
-    hidden: int = MISSING  # mlp
-    layers: int = MISSING
+    hidden: int = key(least=1, meaning="model=mlp's units per hidden layer")  # mlp
+    layers: int = key(least=0, meaning="model=mlp's hidden layers")
 
 
 @dataclass
 class Loss:
     name: str = MISSING
     d_steps: int = MISSING
-    gp_weight: float = MISSING  # wgan_gp
+    gp_weight: float = key(before=0.0)  # wgan_gp
     batchnorm_in_d: bool = MISSING
 
 
@@ -86,24 +118,26 @@ class Augment:
 class Optimizer:
     _target_: str = MISSING
     _partial_: bool = MISSING
-    lr: float = MISSING
-    betas: list[float] = MISSING
-    fused: bool = MISSING
+    lr: float = key(resume="applied")
+    betas: list[float] = key(resume="applied")
+    fused: bool = key(resume="free")  # the same math (older runs stepped Adam unfused)
 
 
 @dataclass
 class Optim:
-    g: Optimizer = field(default_factory=Optimizer)
-    d: Optimizer = field(default_factory=Optimizer)
-    decay: str = MISSING  # constant or linear
+    g: Optimizer = section(Optimizer)
+    d: Optimizer = section(Optimizer)
+    decay: str = key(before="constant")  # constant or linear
 
 
 @dataclass
 class Trainer:
-    max_steps: int = MISSING
+    max_steps: int = key(least=1, meaning="the number of generator steps", resume="applied")
     accelerator: str = MISSING
-    devices: Any = MISSING  # a count, auto, or a list of device indices
-    num_nodes: int = MISSING
+    # a count, auto, or a list of device indices; -1: all of them (Lightning's)
+    devices: Any = key(least=1, meaning="devices per node; -1: all of them; or auto, or a list of device indices",
+                       also=(-1,))
+    num_nodes: int = key(least=1, meaning="machines the run spans")
     strategy: str = MISSING
     precision: str = MISSING
     enable_progress_bar: bool = MISSING
@@ -113,12 +147,12 @@ class Trainer:
 
 @dataclass
 class Train:
-    batch_size: int = MISSING
-    z_dim: int = MISSING
-    d_steps: int = MISSING
-    channels_last: bool = MISSING
-    compile: bool = MISSING
-    skip_nonfinite: bool = MISSING
+    batch_size: int = key(least=1, meaning="real images per D update, set by data.batch_size", resume="refused")
+    z_dim: int = key(least=1, meaning="the size of G's noise vector", resume="refused")
+    d_steps: int = key(least=1, meaning="D updates per generator step, set by loss.d_steps", resume="refused")
+    channels_last: bool = key(before=False)
+    compile: bool = key(before=False)
+    skip_nonfinite: bool = key(resume="applied", before=False)
     threads: int | None = MISSING
 
 
@@ -126,13 +160,13 @@ class Train:
 class EMA:
     enabled: bool = MISSING
     decay: float = MISSING
-    start: int = MISSING
+    start: int = key(least=0, meaning="generator steps during which the EMA copy follows G")
 
 
 @dataclass
 class Log:
-    every: int = MISSING
-    sample_every: int = MISSING
+    every: int = key(least=1, meaning="generator steps between logged scalars")
+    sample_every: int = key(least=1, meaning="generator steps between sample grids")
     num_samples: int = MISSING
     num_points: int = MISSING
     samples_per_class: int = MISSING
@@ -140,14 +174,14 @@ class Log:
 
 @dataclass
 class Timing:
-    enabled: bool = MISSING
-    sync: bool = MISSING
+    enabled: bool = key(before=True)
+    sync: bool = key(before=False)
 
 
 @dataclass
 class Checkpoint:
-    every: int = MISSING
-    keep: int = MISSING
+    every: int = key(least=1, meaning="generator steps between periodic checkpoints")
+    keep: int = key(least=0, meaning="periodic checkpoints kept besides last.ckpt; 0 keeps them all")
 
 
 def measuring(name: str, *extra: tuple[str, type]) -> type:
@@ -165,8 +199,8 @@ Eval = measuring("Eval", ("every", int), ("num_samples", int | None))
 
 @dataclass
 class Finetune:
-    freeze_d: Any = MISSING  # a number of blocks, or a list of block names
-    freeze_g: Any = MISSING
+    freeze_d: Any = key(before=0)  # a number of blocks, or a list of block names
+    freeze_g: Any = key(before=0)
 
 
 @dataclass
@@ -183,29 +217,53 @@ class Paths:
 class TrainConfig:
     """configs/train.yaml."""
 
-    seed: int = MISSING
-    ckpt_path: str | None = MISSING
-    init_from: str | None = MISSING
-    finetune: Finetune = field(default_factory=Finetune)
-    audit: bool = MISSING
-    resume: Resume = field(default_factory=Resume)
+    seed: int = key(resume="refused")
+    ckpt_path: str | None = key(resume="ignored")
+    init_from: str | None = key(resume="refused", before=None)  # what a fine-tuning run started from
+    finetune: Finetune = section(Finetune, resume="refused")
+    audit: bool = key(resume="applied", before=False)
+    resume: Resume = section(Resume, resume="ignored")
     metric: str | None = MISSING
-    data: Data = field(default_factory=Data)
-    model: Model = field(default_factory=Model)
-    loss: Loss = field(default_factory=Loss)
-    reg: Reg = field(default_factory=Reg)
-    augment: Augment = field(default_factory=Augment)
-    optim: Optim = field(default_factory=Optim)
-    trainer: Trainer = field(default_factory=Trainer)
-    train: Train = field(default_factory=Train)
-    ema: EMA = field(default_factory=EMA)
-    log: Log = field(default_factory=Log)
-    timing: Timing = field(default_factory=Timing)
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
-    eval: Eval = field(default_factory=Eval)
-    paths: Paths = field(default_factory=Paths)
+    data: Data = section(Data, resume="refused")
+    model: Model = section(Model, resume="refused")
+    loss: Loss = section(Loss, resume="refused")
+    reg: Reg = section(Reg, resume="refused")
+    augment: Augment = section(Augment, resume="refused")
+    optim: Optim = section(Optim, resume="refused")
+    trainer: Trainer = section(Trainer)
+    train: Train = section(Train)
+    ema: EMA = section(EMA, resume="refused")
+    log: Log = section(Log, resume="applied")
+    timing: Timing = section(Timing, resume="applied")
+    checkpoint: Checkpoint = section(Checkpoint, resume="applied")
+    eval: Eval = section(Eval, resume="applied")
+    paths: Paths = section(Paths, resume="ignored")
     # configs/logger/: name -> a Lightning logger's _target_ and arguments (gan/training/loggers.py)
     logger: dict[str, Any] = field(default_factory=dict)
+
+
+def declarations(schema: type = TrainConfig, prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Every key and section of ``schema`` by its dotted name, with what :func:`key` or :func:`section` declared."""
+    declared = {}
+    for f in fields(schema):
+        name = f"{prefix}{f.name}"
+        declared[name] = dict(f.metadata)
+        if f.default_factory is not NO_DEFAULT and is_dataclass(f.default_factory):
+            declared.update(declarations(f.default_factory, name + "."))
+    return declared
+
+
+DECLARED = declarations()
+
+
+def resume_policy(dotted: str) -> str:
+    """What a resume may do with the key ``dotted``: its own declaration's, else its nearest section's, else free."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        policy = DECLARED.get(".".join(parts[:end]), {}).get("resume")
+        if policy is not None:
+            return policy
+    return "free"
 
 
 # configs/evaluate.yaml: what to measure, at the top level, and which run.

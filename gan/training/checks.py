@@ -20,7 +20,7 @@ from gan.run.build import build_module
 from gan.run.checkpoint import mismatched, read_checkpoint
 from gan.run.finetune import init_checkpoint, start_from
 from gan.run.module import GANModule
-from gan.run.schema import TrainConfig, conform
+from gan.run.schema import DECLARED, TrainConfig, conform
 from gan.training.loggers import check_loggers
 from gan.training.resume import Change, changes, check_changes
 
@@ -48,31 +48,6 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"hydra.run.dir={run_dir} cannot be written: {existing} {why}; choose another hydra.run.dir")
 
 
-# Lower bounds that types cannot say: key -> (least value, what the key is). A key that only some options of
-# its group have (model.width: dcgan's) is checked where the chosen option has it.
-AT_LEAST = {
-    "trainer.max_steps": (1, "the number of generator steps"),
-    "trainer.devices": (1, "devices per node; -1: all of them; or auto, or a list of device indices"),
-    "trainer.num_nodes": (1, "machines the run spans"),
-    "model.width": (1, "model=dcgan's channels at its widest resolution"),
-    "model.hidden": (1, "model=mlp's units per hidden layer"),
-    "model.layers": (0, "model=mlp's hidden layers"),
-    "train.batch_size": (1, "real images per D update, set by data.batch_size"),
-    "train.d_steps": (1, "D updates per generator step, set by loss.d_steps"),
-    "train.z_dim": (1, "the size of G's noise vector"),
-    "ema.start": (0, "generator steps during which the EMA copy follows G"),
-    "data.num_stacks": (1, "data=stacked_mnist's images, each three MNIST digits"),
-    "data.limit": (1, "images kept of the data (null: all)"),
-    "log.every": (1, "generator steps between logged scalars"),
-    "log.sample_every": (1, "generator steps between sample grids"),
-    "checkpoint.every": (1, "generator steps between periodic checkpoints"),
-    "checkpoint.keep": (0, "periodic checkpoints kept besides last.ckpt; 0 keeps them all"),
-}
-
-# Values below a key's bound that mean something: Lightning's trainer.devices=-1 is every device there is.
-MEANS = {"trainer.devices": (-1,)}
-
-
 def validate(cfg: DictConfig) -> DictConfig:
     """``cfg`` with its values converted to their types (gan/run/schema.py); a ConfigError names the first
     value that has the wrong type or lies out of range, and the fix."""
@@ -80,10 +55,13 @@ def validate(cfg: DictConfig) -> DictConfig:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"{missing[0]} has no value: give one, e.g. python train.py {missing[0]}=<value>")
-    for key, (least, meaning) in AT_LEAST.items():
+    for key, declared in DECLARED.items():  # the lower bounds gan/run/schema.py declares
+        if "least" not in declared:
+            continue
         value = OmegaConf.select(cfg, key)  # None where the chosen option has no such key
-        if isinstance(value, int) and not isinstance(value, bool) and value < least and value not in MEANS.get(key, ()):
-            raise ConfigError(f"{key}={value}: it must be >= {least} ({meaning})")
+        least = declared["least"]
+        if isinstance(value, int) and not isinstance(value, bool) and value < least and value not in declared["also"]:
+            raise ConfigError(f"{key}={value}: it must be >= {least} ({declared['meaning']})")
     for network in ("g", "d"):
         lr = cfg.optim[network].lr
         if not lr > 0:  # NaN too

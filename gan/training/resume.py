@@ -1,20 +1,22 @@
 """What a resume (``ckpt_path=...``) may change: the config saved in the checkpoint
-(``hyper_parameters["cfg"]``) against the one composed now, key by key.
+(``hyper_parameters["cfg"]``) against the one composed now, key by key, each change as gan/run/schema.py
+declares its key (:func:`gan.run.schema.resume_policy`).
 
 * **Applied**: the learning rates and betas of ``optim.g`` and ``optim.d`` are set on the optimizers and
   their schedules after they are restored from the checkpoint (which would otherwise bring back
   the old ones); ``trainer.max_steps``, ``log.*``, ``checkpoint.*``, ``eval.*``, ``train.skip_nonfinite``,
   ``audit`` and ``timing.*`` are read from the config as it is now. One log line each.
 * **Refused**: what defines the networks, the objective or the data -- ``model.*``, ``loss.*``,
-  ``reg.*``, ``augment.*``, ``data.*`` (but :data:`HOW_DATA_IS_READ`), ``train.batch_size``,
+  ``reg.*``, ``augment.*``, ``data.*`` (but how it is read), ``train.batch_size``,
   ``train.z_dim``, ``train.d_steps``, ``seed``, ``ema.*``, the rest of ``optim.*`` (the optimizer's
   class and options, the decay), ``init_from`` and ``finetune.*`` (what the run started from and froze):
   a run so resumed would no longer be the run its checkpoint continues.
   One ConfigError line lists them and the overrides that resume as trained;
   ``resume.allow_changes=true`` goes on with them, one warning line each.
 * Everything else -- how the run is executed (``trainer.*`` devices, precision, strategy, progress bar,
-  profiler; ``train.channels_last``, ``train.compile``) and how the data is read -- takes effect as
-  given, one log line each.
+  profiler; ``train.channels_last``, ``train.compile``, ``train.threads``, ``optim.*.fused``) and how the data
+  is read (``data.num_workers``, ``preload``, ``root``, ``download``, ``channels_last``) -- takes effect as given,
+  one log line each. ``ckpt_path``, ``paths.*`` and ``resume.*`` are ignored.
 """
 
 from __future__ import annotations
@@ -32,29 +34,14 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from gan.errors import ConfigError
 from gan.run.legacy import upgrade_config
+from gan.run.schema import resume_policy
 
 log = logging.getLogger(__name__)
 
-# Keys that never describe the run: where it is and where it resumes from.
-IGNORED = ("ckpt_path", "paths", "resume")
-# Applied on resume (dotted prefixes: a key is covered by itself and by every key under it).
-APPLIED = ("optim.g.lr", "optim.g.betas", "optim.d.lr", "optim.d.betas", "trainer.max_steps", "log", "checkpoint",
-           "eval", "train.skip_nonfinite", "audit", "timing")
-# How the data is read, not what it is: free to change.
-HOW_DATA_IS_READ = ("data.num_workers", "data.preload", "data.root", "data.download", "data.channels_last")
-# How the same math is computed: free to change (older runs stepped Adam unfused).
-HOW_IT_IS_COMPUTED = ("optim.g.fused", "optim.d.fused", "train.threads", "train.compile")
-# What the networks, the objective and the data are.
-REFUSED = ("model", "loss", "reg", "augment", "data", "train.batch_size", "train.z_dim", "train.d_steps", "seed",
-           "ema", "optim", "init_from", "finetune")
 # Option groups chosen by name (configs/<group>/<name>.yaml): a changed name is undone by choosing the old option.
 GROUPS = ("data", "model", "loss", "reg", "augment")
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 UNSET = object()
-
-
-def covered(key: str, prefixes: tuple[str, ...]) -> bool:
-    return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
 @dataclass(frozen=True)
@@ -67,12 +54,8 @@ class Change:
 
     @property
     def kind(self) -> str:
-        """``applied``, ``refused`` or ``free`` (see the module's docstring)."""
-        if covered(self.key, APPLIED):
-            return "applied"
-        if covered(self.key, REFUSED) and not covered(self.key, HOW_DATA_IS_READ + HOW_IT_IS_COMPUTED):
-            return "refused"
-        return "free"
+        """``applied``, ``refused`` or ``free``: as gan/run/schema.py declares the key (see the module's docstring)."""
+        return resume_policy(self.key)
 
     def describe(self) -> str:
         return f"{self.key}={shown(self.before)} there, {shown(self.after)} here"
@@ -116,7 +99,7 @@ def changes(saved: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
     before, after = flatten(saved), flatten(composed)
     keys = [*after, *(k for k in before if k not in after)]
     return [Change(k, before.get(k, UNSET), after.get(k, UNSET)) for k in keys
-            if not covered(k, IGNORED) and not same(before.get(k, UNSET), after.get(k, UNSET))]
+            if resume_policy(k) != "ignored" and not same(before.get(k, UNSET), after.get(k, UNSET))]
 
 
 def same(a: Any, b: Any) -> bool:
