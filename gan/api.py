@@ -46,16 +46,14 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
     ``run_dir`` takes the place of ``hydra.run.dir`` (default: ``outputs/<date>/<time>`` under the
     current directory, as train.py's).
     """
-    from gan.training.checks import check_run_dir, check_writable, validate
+    from gan.training.checks import check_before_writing
     from gan.training.loop import train as fit
 
     run = Path(run_dir) if run_dir is not None else new_run_dir()
     cfg = compose(*overrides, run_dir=run)
-    # train.py's checks before anything is written (Hydra's callback makes them there), then what Hydra
+    # train.py's checks before anything is written (Hydra's callback makes the same), then what Hydra
     # would write: the composed config, which evaluate.py looks for, and the overrides.
-    checked = validate(cfg)
-    check_run_dir(run, checked.ckpt_path)
-    check_writable(run)
+    check_before_writing(cfg, run)
     (run / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     OmegaConf.save(OmegaConf.create(list(overrides)), run / ".hydra" / "overrides.yaml")

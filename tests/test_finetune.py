@@ -193,3 +193,11 @@ def test_class_balance_over_a_runs_classes():
     assert values["classes_present"] == 1  # class 3's one image in twelve is under a quarter of its half (1.5)
     assert class_balance(logits)["class_kl"] == pytest.approx(
         10 / 12 * math.log(4 * 10 / 12) + 2 * (1 / 12 * math.log(4 / 12)))  # over all four classes as before
+
+
+def test_the_python_api_refuses_before_writing_too(digits_run, tmp_path):
+    import gan
+
+    with pytest.raises(ConfigError, match=r"layer G.net.1.weight is \[64, 16, 4, 4\] there"):
+        gan.train(*TINY, f"init_from={digits_run}", "data.image_size=32", run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -129,7 +129,8 @@ def check_run_dir_key(given: str) -> None:
 class CheckBeforeWriting(Callback):
     """A Hydra callback (configs/train.yaml): train.py's checks of its config and run directory, made
     before Hydra writes ``<run>/.hydra/`` -- which, for a run refused because its directory holds
-    another run, would overwrite that run's. :func:`train` makes them again, for callers without Hydra."""
+    another run, would overwrite that run's. The loop validates the config again and checks the run directory,
+    for callers that call it directly (gan/training/loop.py's ``train``)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = Path(config.hydra.run.dir)
@@ -138,13 +139,20 @@ class CheckBeforeWriting(Callback):
         task["paths"]["run_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} will be; not set yet
         with reported():  # Hydra turns an exception raised in a callback into a warning, and runs on
             check_run_dir_key(OmegaConf.to_container(config, resolve=False)["paths"]["run_dir"])
-            cfg = validate(OmegaConf.create(task))
-            check_run_dir(run_dir, cfg.ckpt_path)
-            check_writable(run_dir)
-            check_finetune(cfg)
-            if cfg.ckpt_path is not None:  # a refused resume into its own run leaves that run's .hydra/ as it was
-                check_changes(config_changes(read_checkpoint(cfg.ckpt_path, "ckpt_path"),
-                                             OmegaConf.to_container(cfg, resolve=True)), cfg)
+            check_before_writing(OmegaConf.create(task), run_dir)
+
+
+def check_before_writing(cfg: DictConfig, run_dir: Path) -> None:
+    """Every check of a training run that can be made before its directory is written, for train.py (Hydra's
+    callback) and gan.train alike: the config's values, the run directory, the data subset and fine-tuning
+    start, and what a resume changes (a refused resume into its own run leaves that run's .hydra/ as it was)."""
+    cfg = validate(cfg)
+    check_run_dir(run_dir, cfg.ckpt_path)
+    check_writable(run_dir)
+    check_finetune(cfg)
+    if cfg.ckpt_path is not None:
+        check_changes(config_changes(read_checkpoint(cfg.ckpt_path, "ckpt_path"),
+                                     OmegaConf.to_container(cfg, resolve=True)), cfg)
 
 
 def check_finetune(cfg: DictConfig) -> None:
