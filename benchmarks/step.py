@@ -57,7 +57,7 @@ from gan.core.augment import build_augment
 from gan.core.contexts import evaluating
 from gan.core.losses import get_loss
 from gan.core.models import build_models, condition_input, d_classifies, latent_codes
-from gan.core.phases import PHASES, PhaseTimer
+from gan.core.phases import PHASES, PhaseTimer, StepPhases
 from gan.data.datasets import build_dataset, num_classes
 from gan.data.module import GANData
 from gan.patterns import gan_step, measure
@@ -739,11 +739,12 @@ def section_d(device: torch.device, rounds: int) -> list[str]:
 
 
 def phase_cost_us(enabled: bool, calls: int = 20000) -> float:
-    """Microseconds one ``with timer.phase(...)`` block costs, timed over ``calls`` empty blocks."""
+    """Microseconds one ``with phases.phase(...)`` block costs, its timer reading it, over ``calls`` empty blocks."""
     timer = PhaseTimer(enabled)
+    phases = StepPhases(timer)
     start = time.perf_counter()
     for i in range(calls):
-        with timer.phase("g_forward"):
+        with phases.phase("g_forward"):
             pass
         if i % 100 == 99:
             timer.collect()  # as the logging window does

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import compose_config, read_events
 
-from gan.core.phases import PHASES, PhaseTimer
+from gan.core.phases import PHASES, PhaseTimer, StepPhases
 from gan.training.loop import Probe, train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -23,9 +23,12 @@ ONE_STEP = ["data", "g_forward", "d_forward_backward", "d_optimizer", "g_forward
 
 def test_phase_timer_accumulates_and_collect_clears():
     timer = PhaseTimer()
+    phases = StepPhases(timer)
     for _ in range(2):
-        with timer.phase("g_forward"):
+        with phases.phase("g_forward"):
+            assert (phases.current, phases.network) == ("g_forward", "G")  # the record, as the guard reads it
             time.sleep(0.002)
+    assert phases.current is None
     totals = timer.collect()
     assert set(totals) == {"g_forward"} and totals["g_forward"] >= 4.0
     assert timer.collect() == {}
@@ -94,7 +97,7 @@ def test_cuda_events_agree_with_synchronized_timing():
         timer = PhaseTimer(sync=sync)
         timer.device = torch.device("cuda")
         for _ in range(3):
-            with timer.phase("g_forward"):
+            with StepPhases(timer).phase("g_forward"):
                 for _ in range(10):
                     x @ x
         totals[sync] = timer.collect()["g_forward"]
@@ -149,9 +152,9 @@ def test_tensor_datasets_are_indexed_on_the_gpu(tmp_path):
 
 
 def test_under_the_pytorch_profiler_each_phase_is_a_labelled_range(tmp_path):
-    timer = PhaseTimer()
-    timer.labels = True
-    with torch.profiler.profile() as profile, timer.phase("d_optimizer"):
+    phases = StepPhases(PhaseTimer())
+    phases.labels = True
+    with torch.profiler.profile() as profile, phases.phase("d_optimizer"):
         torch.ones(3).sum()
     assert "gan/d_optimizer" in {event.name for event in profile.events()}
     cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "trainer.profiler=pytorch",

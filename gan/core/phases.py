@@ -1,7 +1,7 @@
-"""The phases of a training step, as the step says them (pure PyTorch): :class:`PhaseTimer` records which
-phase runs now -- so the audit, the non-finite guard and the graph picture read which update is running
-from the step itself -- and accumulates each phase's time, with CUDA events on a GPU and the host clock
-elsewhere."""
+"""The phases of a training step, as the step says them (pure PyTorch). :class:`StepPhases` is the step's
+``phase`` hook: its record says which phase and which update run now, which the audit, the non-finite guard
+and the sample pictures read; its readers are told as each phase begins and ends, and :class:`PhaseTimer`
+is one of them, accumulating each phase's time, with CUDA events on a GPU and the host clock elsewhere."""
 
 from __future__ import annotations
 
@@ -18,10 +18,50 @@ PHASES = ("data", "d_forward_backward", "d_optimizer", "g_forward", "g_backward"
           "callbacks")
 
 
+class StepPhases:
+    """The record of what a training step runs now -- :attr:`current` (the phase), :attr:`network` (whose update)
+    and :attr:`d_update` (which D update of the generator step) -- kept by :meth:`phase`, the step's ``phase``
+    hook, which also tells each of ``readers`` (objects with ``start(name)`` and ``stop(name)``, such as the
+    timer) as a phase begins and ends."""
+
+    def __init__(self, *readers: Any):
+        self.readers = readers
+        self.labels = False  # record_function ranges, set when the PyTorch profiler runs
+        self.current: str | None = None  # the phase running now
+        self.d_update = -1  # which D update of this generator step runs (0-based), or ran last
+
+    @property
+    def network(self) -> str | None:
+        """"D" or "G": the network whose update runs now (its phases start ``d_`` or ``g_``); else None."""
+        return self.current[0].upper() if self.current and self.current[:2] in ("d_", "g_") else None
+
+    def begin_step(self) -> None:
+        """A new generator step: its first D update will be number 0."""
+        self.d_update = -1
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Record the block as phase ``name``, and tell the readers where it begins and ends."""
+        if name == "d_forward_backward":
+            self.d_update += 1
+        outer, self.current = self.current, name
+        # A record_function range costs tens of microseconds even with no profiler listening: labelled
+        # only when trainer.profiler=pytorch records them.
+        with record_function(f"gan/{name}") if self.labels else nullcontext():
+            for reader in self.readers:
+                reader.start(name)
+            try:
+                yield
+            finally:
+                for reader in self.readers:
+                    reader.stop(name)
+                self.current = outer
+
+
 class PhaseTimer:
-    """The step's ``phase`` hook: records the phase running now (:attr:`current`, :attr:`network`,
-    :attr:`d_update`) and accumulates the time of each; :meth:`collect` returns their totals in
-    milliseconds. ``enabled=False`` records without timing.
+    """Accumulates the time of each phase between :meth:`start` and :meth:`stop` (a reader of
+    :class:`StepPhases`, and called by the loop for the phases around the step); :meth:`collect` returns
+    their totals in milliseconds. ``enabled=False`` times nothing.
 
     On CUDA (``device.type == "cuda"`` and ``sync=False``) a boundary is a CUDA event and nothing
     waits for the GPU until :meth:`collect`; elsewhere it is ``time.perf_counter()``, after a
@@ -30,10 +70,7 @@ class PhaseTimer:
 
     def __init__(self, enabled: bool = True, sync: bool = False):
         self.enabled, self.sync = enabled, sync
-        self.labels = False  # record_function ranges, set when the PyTorch profiler runs
         self.device = torch.device("cpu")
-        self.current: str | None = None  # the phase running now
-        self.d_update = -1  # which D update of this generator step runs (0-based), or ran last
         self.open: dict[str, Any] = {}
         self.intervals: list[tuple[str, Any, Any]] = []
 
@@ -55,33 +92,9 @@ class PhaseTimer:
             self.open[name] = self.now()
 
     def stop(self, name: str) -> None:
+        """Close phase ``name`` (accumulated when a phase occurs twice in a step)."""
         if self.enabled and name in self.open:
             self.intervals.append((name, self.open.pop(name), self.now()))
-
-    @property
-    def network(self) -> str | None:
-        """"D" or "G": the network whose update runs now (its phases start ``d_`` or ``g_``); else None."""
-        return self.current[0].upper() if self.current and self.current[:2] in ("d_", "g_") else None
-
-    def begin_step(self) -> None:
-        """A new generator step: its first D update will be number 0."""
-        self.d_update = -1
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Record the block as phase ``name`` and time it (accumulated when a phase occurs twice in a step)."""
-        if name == "d_forward_backward":
-            self.d_update += 1
-        outer, self.current = self.current, name
-        # A record_function range costs tens of microseconds even with no profiler listening: labelled
-        # only when trainer.profiler=pytorch records them.
-        with record_function(f"gan/{name}") if self.labels else nullcontext():
-            self.start(name)
-            try:
-                yield
-            finally:
-                self.stop(name)
-                self.current = outer
 
     def collect(self) -> dict[str, float]:
         """Milliseconds per phase since the last call; on CUDA this is the one synchronization."""

@@ -18,7 +18,8 @@ scores each fake against a real sample). ``G`` and ``D`` are the modules the ste
 under ``trainer=ddp`` their DistributedDataParallel wrappers, each of whose backwards all-reduces the
 network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
 ``manual_backward``, which adds mixed-precision loss scaling. ``phase(name)`` says which part of the
-step runs (:data:`gan.core.phases.PHASES`); the timer, the audit and the non-finite guard read it there.
+step runs (:data:`gan.core.phases.PHASES`): the loop's hook keeps a record of it (:class:`gan.core.phases.StepPhases`),
+which the audit and the non-finite guard read, and tells the timer.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
 from gan.core.audit import AuditError, first_difference, snapshot
-from gan.core.phases import PhaseTimer
+from gan.core.phases import StepPhases
 
 
 def grads(module: nn.Module) -> dict[str, Tensor | None]:
@@ -62,12 +62,12 @@ def expected_to_change(D: nn.Module) -> set[str]:
 class AutogradAudit:
     """Checks the detach / freeze split of every D and G update of a :class:`GANModule` trained with the
     optimizers ``opt_g`` and ``opt_d``. Which update a backward or an optimizer step belongs to is read
-    from the step's own phase record (``phases``: gan/core/phases.py), not guessed. ``scaler``: float16's
+    from the step's own record of its phases (``phases``: gan/core/phases.py), not guessed. ``scaler``: float16's
     GradScaler, or None. The loop calls :meth:`step_start`, :meth:`before_backward` and :meth:`step_end`;
     the optimizers' step hooks and G's and D's forward pre-hooks, registered here, do the rest, and
     :meth:`close` removes them."""
 
-    def __init__(self, module: Any, opt_g: Optimizer, opt_d: Optimizer, phases: PhaseTimer,
+    def __init__(self, module: Any, opt_g: Optimizer, opt_d: Optimizer, phases: StepPhases,
                  scaler: Any = None):
         self.module, self.phases, self.scaler = module, phases, scaler
         self.updates = {id(opt_g): "G", id(opt_d): "D"}

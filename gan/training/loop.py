@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from gan.core import snapshot, step
 from gan.core.audit import check_plain_numbers
 from gan.core.distributed import broadcast_buffers
-from gan.core.phases import PhaseTimer
+from gan.core.phases import PhaseTimer, StepPhases
 from gan.data.datasets import data_shape, is_points, mixture_means, num_classes, population
 from gan.data.module import GANData
 from gan.errors import ConfigError, Interrupted, RunError
@@ -63,13 +63,13 @@ class Probe:
 
 class Training:
     """The parts of one training run as the loop holds them: ``module`` (the networks and their state, as
-    saved), the optimizers and schedules, and ``G`` and ``D`` as the step runs them (their DDP wrappers under
-    trainer=ddp, else the networks themselves)."""
+    saved), the optimizers and schedules, ``G`` and ``D`` as the step runs them (their DDP wrappers under
+    trainer=ddp, else the networks themselves), the step's record of its phases and the timer reading it."""
 
     def __init__(self, fabric: Fabric, module: GANModule, optimizers: list[Any], schedules: list[Any],
-                 G: nn.Module, D: nn.Module, timer: PhaseTimer):
+                 G: nn.Module, D: nn.Module, phases: StepPhases, timer: PhaseTimer):
         self.fabric, self.module, self.optimizers, self.schedules = fabric, module, optimizers, schedules
-        self.G, self.D, self.timer = G, D, timer
+        self.G, self.D, self.phases, self.timer = G, D, phases, timer
         self.step_optimizers = tuple(optimizers)  # as the step steps them (through the loss scaler under float16)
 
 
@@ -126,7 +126,8 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
         (module.G, module.D)
     timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync)
     timer.device = fabric.device
-    run = Training(fabric, module, optimizers, schedules, G, D, timer)
+    phases = StepPhases(timer)  # which update runs, for the guard, the audit and the pictures; the timer reads it
+    run = Training(fabric, module, optimizers, schedules, G, D, phases, timer)
 
     # --- what the step calls, decided once -----------------------------------------------------------
     scaler = getattr(precision, "scaler", None)  # float16's GradScaler (trainer.precision=16-mixed), else None
@@ -138,8 +139,8 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, module.d_steps, scaler,
                            lambda ok: fabric.strategy.reduce_boolean_decision(ok, all=True))
     for optimizer in optimizers:  # before the audit's hooks: the audit sees the guard's verdict
-        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, timer.network, timer.d_update))
-    checker = AutogradAudit(module, *optimizers, timer, scaler) if cfg.audit else None
+        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
+    checker = AutogradAudit(module, *optimizers, phases, scaler) if cfg.audit else None
     writer = summary_writer(loggers)
     points = is_points(module.data_shape)
     samples = Samples(cfg.log.sample_every, run_dir / "samples", writer, fabric.is_global_zero,
@@ -150,7 +151,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
         guard.before_backward(loss)
         if checker is not None:
             checker.before_backward(loss)
-        samples.before_backward(loss, timer.network)
+        samples.before_backward(loss, phases.network)
         if scaler is not None:
             fabric.backward(loss)  # the loss scaled first
         else:
@@ -168,7 +169,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     step_timer = StepTimer(timer, cfg.log.every, cfg.train.batch_size * fabric.world_size, loggers) \
         if cfg.timing.enabled else None
     profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
-    timer.labels = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
+    phases.labels = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
 
     # --- resume where the checkpoint left off, then the generator steps -----------------------------
     start = module.counters.g
@@ -208,7 +209,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
                 checker.step_start()
             with profiler.profile("generator_step"), autocast():
                 result = generator_step(run, batch, backward, scaler)
-                with timer.phase("statistics"):
+                with phases.phase("statistics"):
                     update_statistics(run, result)
             timer.start("callbacks")  # what is due after the step, closed by the StepTimer
             g = module.counters.g
@@ -312,9 +313,10 @@ def generator_step(run: Training, batch: tuple[Tensor, Tensor], backward: step.B
                  if scaler is not None and objective.needs_loss_scale(first_d_update + k) else None)
         return objective.d_loss(D, real, fake, y, first_d_update + k, scale)
 
-    run.timer.begin_step()
+    run.phases.begin_step()
     opt_g, opt_d = run.step_optimizers
-    return step.generator_step(run.G, run.D, opt_g, opt_d, batches, d_loss, objective.g_loss, backward, run.timer.phase)
+    return step.generator_step(run.G, run.D, opt_g, opt_d, batches, d_loss, objective.g_loss, backward,
+                               run.phases.phase)
 
 
 @torch.no_grad()

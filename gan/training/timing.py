@@ -3,8 +3,8 @@
 Phases, in the order a generator step runs them (``PHASES``): waiting for data (fetch and transfer to
 the device), D forward+backward, D optimizer step, G forward (G(z), and the G loss through D), G
 backward, G optimizer step, statistics (counters, EMA, running means, ADA), and the callbacks (what
-is due after the step: logging, samples, checkpoints, metrics). The step code marks them with
-:meth:`PhaseTimer.phase`.
+is due after the step: logging, samples, checkpoints, metrics). The step marks its own through
+:meth:`StepPhases.phase`, whose record the timer reads at each boundary; the loop opens and closes the rest.
 
 Why it is timed this way:
 
