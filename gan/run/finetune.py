@@ -9,8 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from gan.core.freezing import block_names, blocks, freeze
 from gan.errors import ConfigError
 from gan.run.checkpoint import read_checkpoint
@@ -78,19 +76,12 @@ def start_from(module: GANModule, cfg: dict[str, Any], resumed: dict[str, Any] |
 
 def freeze_networks(module: GANModule, finetune: dict[str, Any]) -> str:
     """Freeze the blocks ``finetune`` (the config's section) names in G and D, once, before the optimizers are
-    built; returns one line saying what trains."""
+    built; returns one line naming them (the loop's model summary counts the parameters that train)."""
     lines = []
     for name, network in (("G", module.G), ("D", module.D)):
         key = f"freeze_{name.lower()}"
         frozen = set(freeze(network, finetune.get(key, 0), f"finetune.{key}"))
-        names = [block for block, params in zip(block_names(network), blocks(network)) if params[0] in frozen]
-        trainable = sum(p.numel() for p in network.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in network.parameters())
-        lines.append(f"{name} blocks {', '.join(names) or 'none'} frozen of {block_names(network)}, {trainable:,} of "
-                     f"{total:,} parameters train")
+        every = block_names(network)
+        names = [block for block, params in zip(every, blocks(network)) if params[0] in frozen]
+        lines.append(f"{name} blocks {', '.join(names) or 'none'} frozen of {every}")  # the counts: describe_networks
     return "; ".join(lines)
-
-
-def frozen_parameters(network: nn.Module) -> list[str]:
-    """The names of ``network``'s parameters that do not train."""
-    return [name for name, p in network.named_parameters() if not p.requires_grad]
