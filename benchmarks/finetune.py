@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from images import evaluate, load, references  # noqa: E402
 
+from gan.core.models import UNCONDITIONAL  # noqa: E402
 from gan.data.datasets import build_dataset, data_shape  # noqa: E402
 from gan.run.build import build_module  # noqa: E402
 from gan.run.finetune import freeze_networks  # noqa: E402
@@ -67,7 +68,7 @@ def backward_flops(data: list[str], freeze_d: int, seed: int = 0) -> int:
     """FLOPs of D's backward passes over four D updates of the recipe (update 0 adds the lazy R1 penalty), with
     D's first ``freeze_d`` blocks frozen."""
     cfg = OmegaConf.to_container(compose("experiment=mnist", *data), resolve=True)
-    module = build_module(cfg, data_shape(cfg["data"]))
+    module = build_module(cfg, data_shape(cfg["data"]), UNCONDITIONAL)
     freeze_networks(module, {"freeze_d": freeze_d, "freeze_g": 0})
     real = build_dataset(cfg["data"], seed).tensors[0][: cfg["train"]["batch_size"]]
     fake = module.G(module.noise(len(real))).detach()

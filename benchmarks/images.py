@@ -123,7 +123,7 @@ def references(run_dir: Path, settings: EvalSettings,
     if not untrained:
         return floor, None, len(second)
     L.seed_everything(cfg["seed"], verbose=False)
-    _, step0 = sample_and_score(build_module(cfg, data_shape(cfg["data"]), module.num_classes), metrics, settings,
+    _, step0 = sample_and_score(build_module(cfg, data_shape(cfg["data"]), module.condition), metrics, settings,
                                 seed=0)
     return floor, step0, len(second)
 

@@ -47,7 +47,7 @@ def test_the_readme_notebook_cell_trains_and_evaluates(tmp_path, monkeypatch):
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     assert metrics["modes_total"] == 8 and metrics["step"] == 6
     G = run.generator()  # <run>/generator.pt; the ring's recipe gives G noise alone
-    assert G.num_classes == 0 and G(torch.randn(3, G.z_dim)).shape == (3, 2)
+    assert G.condition.kind == "none" and G(torch.randn(3, G.z_dim)).shape == (3, 2)
 
 
 def test_evaluate_returns_metrics_json_and_train_returns_the_last_evaluation(tmp_path):

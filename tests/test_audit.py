@@ -15,6 +15,7 @@ import gan.run.build
 import gan.run.module
 import gan.training.loop
 from gan.core.audit import AuditError, check_plain_numbers
+from gan.core.models import UNCONDITIONAL
 from gan.core.objective import Objective
 from gan.run.build import build_module
 from gan.run.module import GANModule
@@ -194,7 +195,7 @@ def test_buffers_the_g_update_may_change_are_exactly_batchnorm_and_spectral_norm
     from gan.core import step
 
     cfg = compose_config("debug=tiny", "model.spectral_norm=true", run_dir=tmp_path)
-    module = build_module(OmegaConf.to_container(cfg, resolve=True), (1, 16, 16))
+    module = build_module(OmegaConf.to_container(cfg, resolve=True), (1, 16, 16), UNCONDITIONAL)
     allowed = expected_to_change(module.D)
     assert {"net.3.running_mean", "net.3.running_var", "net.3.num_batches_tracked"} <= allowed
     assert {"net.0.parametrizations.weight.0._u", "net.0.parametrizations.weight.0._v"} <= allowed

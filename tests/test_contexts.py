@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from gan.core.contexts import evaluating
+from gan.core.models import UNCONDITIONAL
 from gan.evaluation.features import FeatureExtractor
 from gan.evaluation.metrics import ImageMetrics
 from gan.evaluation.sampling import generate_samples, sample_and_score
@@ -42,7 +43,7 @@ def assert_no_graph(*tensors: torch.Tensor) -> None:
 def dcgan_module(ema: bool) -> GANModule:
     """A digits DCGAN (BatchNorm in G) whose BatchNorm statistics have moved off their initial values."""
     cfg = OmegaConf.to_container(compose_config("debug=tiny", f"ema.enabled={ema}"), resolve=True)
-    module = build_module(cfg, (1, 16, 16), 0)
+    module = build_module(cfg, (1, 16, 16), UNCONDITIONAL)
     module.G(torch.randn(8, module.z_dim))  # one train-mode forward: running stats and counters move
     return module
 

@@ -276,12 +276,12 @@ def test_stacked_mnist_run_reports_its_mode_count_in_metrics_json_and_tensorboar
 def test_a_latent_code_is_drawn_from_its_prior_for_the_scored_samples():
     """Scored samples follow G's own distribution: codes drawn at random (seeded), not cycled as a conditional
     G's classes are, which would hand the mode shares an evenness that G's sampling does not have."""
+    from gan.core.models import g_condition
     from gan.evaluation.sampling import generate_samples
     from gan.run.build import build_module
 
-    module = build_module(OmegaConf.to_container(compose_config("experiment=ring", "model.hidden=16", "model.codes=8"),
-                                              resolve=True),
-                          (2,))
+    cfg = OmegaConf.to_container(compose_config("experiment=ring", "model.hidden=16", "model.codes=8"), resolve=True)
+    module = build_module(cfg, (2,), g_condition(cfg["model"], 8))
     given: list[torch.Tensor] = []
     module.sampling_generator.register_forward_pre_hook(lambda _, args: given.append(args[1]))
     draws = []

@@ -12,6 +12,7 @@ from conftest import CONFIGS, compose_config, run_main, run_train
 from omegaconf import OmegaConf
 from test_data import make_mnist_split
 
+from gan.core.models import UNCONDITIONAL, g_condition
 from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
 from gan.evaluation.app import with_run_classifier_steps
@@ -37,7 +38,7 @@ def test_every_recipe_composes_and_names_its_data(preset):
 @pytest.mark.parametrize("preset", ["ring", "grid"])
 def test_2d_recipes_build_their_module(preset):
     cfg = compose_config(f"experiment={preset}")
-    module = build_module(OmegaConf.to_container(cfg, resolve=True), (2,))
+    module = build_module(OmegaConf.to_container(cfg, resolve=True), (2,), UNCONDITIONAL)
     assert cfg.data.name == preset and cfg.model.name == "mlp" and (cfg.loss.name, cfg.reg.name) == ("rpgan", "r1r2")
     assert len(module.configure_optimizers()[1]) == 2  # optim.decay=linear: one schedule per optimizer
 
@@ -119,9 +120,8 @@ def test_image_presets_build_a_gan_for_their_data(tmp_path, name, data, folder, 
         make_mnist_split(tmp_path / folder / "raw", "t10k", 8)
         images, _ = build_dataset(container["data"], cfg.seed).tensors
         assert images.shape == (8, *shape)
-    classes = 10 if told else 0
     assert (cfg.model.conditional, cfg.model.d_condition) == ((True, "classifier") if told else (False, "input"))
-    module = build_module(container, data_shape(container["data"]), classes)
+    module = build_module(container, data_shape(container["data"]), g_condition(container["model"], 10))
     with torch.no_grad():
         fake = module.G(torch.randn(4, cfg.train.z_dim), torch.arange(4) if told else None)
         assert fake.shape == (4, *shape) and module.D(fake).shape == ((4, 11) if told else (4,))
@@ -137,7 +137,7 @@ def test_stacked_mnist_recipe_builds_an_unconditional_gan_for_three_channel_stac
     assert cfg.eval.classifier_steps == compose_config("experiment=mnist").eval.classifier_steps  # one classifier
     make_mnist_split(tmp_path / "MNIST" / "raw", "t10k", 8)
     container = OmegaConf.to_container(cfg, resolve=True)
-    module = build_module(container, data_shape(container["data"]))
+    module = build_module(container, data_shape(container["data"]), UNCONDITIONAL)
     with torch.no_grad():
         fake = module.G(torch.randn(4, cfg.train.z_dim), None)
         assert fake.shape == (4, 3, 32, 32) and module.D(fake).shape == (4,)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gan.core.losses import LOSSES, get_loss, gradient_penalty
+from gan.core.models import Condition
 from gan.errors import ConfigError
 
 REAL = torch.tensor([2.0, -1.0])
@@ -99,8 +100,8 @@ def test_ac_gan_adds_the_class_cross_entropy_to_both_losses():
     from gan.core.objective import Objective
     from gan.core.regularizers import build_regularizer
 
-    objective = Objective(get_loss("nonsaturating"), build_regularizer({"name": "none"}), num_classes=2,
-                          data_shape=(3,), classify=True)
+    objective = Objective(get_loss("nonsaturating"), build_regularizer({"name": "none"}),
+                          condition=Condition("classes", 2), data_shape=(3,), classify=True)
     D, labels = torch.nn.Identity(), torch.tensor([0])
     real, fake = torch.tensor([[2.0, 1.0, -1.0]]), torch.tensor([[0.5, 0.0, 3.0]])
     d_loss, real_logits, fake_logits = objective.d_loss(D, real, fake, labels)
@@ -137,8 +138,8 @@ def test_a_latent_code_adds_its_cross_entropy_on_fakes_only():
     from gan.core.objective import Objective
     from gan.core.regularizers import build_regularizer
 
-    objective = Objective(get_loss("nonsaturating"), build_regularizer({"name": "none"}), num_classes=2,
-                          data_shape=(3,), classify=True, codes=True)
+    objective = Objective(get_loss("nonsaturating"), build_regularizer({"name": "none"}),
+                          condition=Condition("code", 2), data_shape=(3,), classify=True)
     D, codes = torch.nn.Identity(), torch.tensor([1])
     real, fake = torch.tensor([[2.0, 1.0, -1.0]]), torch.tensor([[0.5, 0.0, 3.0]])
     d_loss, _, _ = objective.d_loss(D, real, fake, codes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gan.core.models import build_models, condition_input, latent_codes
+from gan.core.models import UNCONDITIONAL, Condition, build_models, condition_input, g_condition, latent_codes
 from gan.errors import ConfigError
 
 DCGAN = {"name": "dcgan", "width": 8, "d_batchnorm": True, "spectral_norm": False}
@@ -83,3 +83,19 @@ def test_unsupported_combinations_are_config_errors():
     with pytest.raises(ConfigError, match="model.codes=-1: use 0"):
         latent_codes(MLP | {"conditional": False, "codes": -1})
     assert latent_codes(MLP) == 0  # configs from before the key existed: no code
+
+
+def test_g_condition_is_one_of_none_classes_or_a_code_and_its_labels_follow_what_g_learned():
+    assert g_condition(MLP | {"conditional": False}, 10) == UNCONDITIONAL  # labelled data, G not told
+    classes = g_condition(MLP | {"conditional": True}, 10)
+    assert (classes.kind, classes.values, classes.classes) == ("classes", 10, 10)
+    assert classes.labels(12).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]  # every class in turn
+    code = g_condition(MLP | {"conditional": False, "codes": 4}, 10)
+    assert (code.kind, code.values, code.classes) == ("code", 4, 0)  # a code names none of the data's classes
+    drawn = code.labels(4000, torch.Generator().manual_seed(0))
+    assert drawn.bincount().tolist() != [1000] * 4 and (drawn.bincount() - 1000).abs().max() < 100  # uniform draws
+    assert torch.equal(drawn, code.labels(4000, torch.Generator().manual_seed(0)))  # seeded
+    for condition in (UNCONDITIONAL, classes, code):  # as a checkpoint and generator.pt keep it
+        assert Condition.from_dict(condition.as_dict()) == condition
+    with pytest.raises(ConfigError, match="needs labelled data.*use model.conditional=false"):
+        g_condition(MLP | {"conditional": True}, 0)

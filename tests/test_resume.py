@@ -13,7 +13,9 @@ import torch
 from conftest import ROOT, TINY, LearningRates, compose_config, run_main, run_train
 from omegaconf import OmegaConf
 
+from gan.core.models import UNCONDITIONAL
 from gan.run.checkpoint import save_checkpoint
+from gan.run.load import load_module
 from gan.training.loop import train
 from gan.training.outputs import Checkpoints
 from gan.training.resume import UNSET, changes
@@ -209,6 +211,9 @@ TRAINER_RELEASE = ROOT / "tests" / "data" / "trainer_release_digits_step3.ckpt"
 def test_a_checkpoint_of_the_trainer_release_resumes_as_the_same_state_saved_by_this_loop(tmp_path):
     old = torch.load(TRAINER_RELEASE, weights_only=True)
     assert {"loops", "callbacks", "global_step", "pytorch-lightning_version"} <= old.keys()
+    # Written before G's condition was one record: its labels' count alone, 0 for this digits run
+    assert old["hyper_parameters"]["num_classes"] == 0 and "condition" not in old["hyper_parameters"]
+    assert load_module(TRAINER_RELEASE).condition == UNCONDITIONAL
     ours = {key: old[key] for key in ("state_dict", "optimizer_states", "lr_schedulers", "hyper_parameters", "rng")}
     torch.save(ours, tmp_path / "ours.ckpt")
     finals = []

@@ -16,11 +16,11 @@ from conftest import ROOT, run_main, run_train
 from PIL import Image
 
 from gan.core import snapshot
-from gan.core.models import DCGANGenerator, MLPGenerator
+from gan.core.models import UNCONDITIONAL, Condition, DCGANGenerator, MLPGenerator
 from gan.errors import RunError
 from gan.evaluation.app import load_module
 
-SNAPSHOT_KEYS = {"format", "generator", "step", "data", "model", "z_dim", "data_shape", "num_classes", "state_dict"}
+SNAPSHOT_KEYS = {"format", "generator", "step", "data", "model", "z_dim", "data_shape", "condition", "state_dict"}
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,8 @@ def test_training_writes_the_ema_generator_which_loads_weights_only_and_samples_
     saved = torch.load(digits_run / "generator.pt", weights_only=True)
     assert set(saved) == SNAPSHOT_KEYS
     assert saved["generator"] == "ema" and saved["step"] == 6 and saved["data"] == "digits"
-    assert saved["data_shape"] == [1, 16, 16] and saved["num_classes"] == 0 and saved["model"]["name"] == "dcgan"
+    assert saved["data_shape"] == [1, 16, 16] and saved["condition"] == {"kind": "none", "values": 0}
+    assert saved["model"]["name"] == "dcgan"
     ckpt = torch.load(digits_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     # The EMA copy's weights, not G's: after 6 steps they differ.
     for name, tensor in saved["state_dict"].items():
@@ -54,7 +55,7 @@ def test_training_writes_the_ema_generator_which_loads_weights_only_and_samples_
 
     G = snapshot.load_generator(digits_run / "generator.pt")
     assert not G.training and not any(p.requires_grad for p in G.parameters())
-    assert (G.z_dim, G.num_classes, G.data_shape) == (64, 0, (1, 16, 16))
+    assert (G.z_dim, G.condition, G.data_shape) == (64, UNCONDITIONAL, (1, 16, 16))
     z = torch.randn(5, G.z_dim, generator=torch.Generator().manual_seed(3))
     module = load_module(digits_run / "checkpoints" / "last.ckpt")
     assert torch.equal(G(z), module.generate(z))
@@ -62,12 +63,29 @@ def test_training_writes_the_ema_generator_which_loads_weights_only_and_samples_
 
 def test_a_run_without_ema_keeps_g_and_a_conditional_one_takes_labels(conditional_points_run):
     saved = snapshot.read_snapshot(conditional_points_run / "generator.pt")
-    assert saved["generator"] == "G" and saved["num_classes"] == 8 and saved["data_shape"] == [2]
-    ckpt = torch.load(conditional_points_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    # The ring's 8 modes are its classes: G is asked for one
+    assert saved["generator"] == "G" and saved["condition"] == {"kind": "classes", "values": 8}
+    assert saved["data_shape"] == [2]
+    checkpoint = torch.load(conditional_points_run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["condition"] == saved["condition"]  # the run's one record, in both files
+    ckpt = checkpoint["state_dict"]
     assert all(torch.equal(t, ckpt[f"G.{n}"]) for n, t in saved["state_dict"].items())
     G = snapshot.load_generator(saved)
-    points = G(torch.randn(16, G.z_dim), torch.arange(16) % G.num_classes)
+    assert G.condition.labels(16).tolist() == [i % 8 for i in range(16)]  # every class in turn
+    points = G(torch.randn(16, G.z_dim), G.condition.labels(16))
     assert points.shape == (16, 2) and points.grad_fn is None
+
+
+def test_a_generator_pt_of_format_1_is_read_with_its_condition_from_its_config(conditional_points_run, tmp_path):
+    """Format 1 kept the labels' count (``num_classes``) and left the config to say what they were."""
+    saved = torch.load(conditional_points_run / "generator.pt", weights_only=True)
+    old = {**{k: v for k, v in saved.items() if k != "condition"}, "format": 1, "num_classes": 8}
+    torch.save(old, tmp_path / "generator.pt")
+    read = snapshot.read_snapshot(tmp_path / "generator.pt")
+    assert read["format"] == snapshot.FORMAT and read["condition"] == {"kind": "classes", "values": 8}
+    # The same count under a config with a latent code of 8 values: G's labels are that code
+    torch.save({**old, "model": {**old["model"], "conditional": False, "codes": 8}}, tmp_path / "code.pt")
+    assert snapshot.load_generator(tmp_path / "code.pt").condition == Condition("code", 8)
 
 
 def test_the_loader_needs_no_lightning_or_hydra(digits_run):
@@ -128,7 +146,7 @@ def test_evaluate_refuses_images_it_cannot_write_well_before_writing_anything(di
 def test_torch_export_gives_the_eager_generator_s_samples_at_any_batch_size(tmp_path, conditional):
     torch.manual_seed(0)
     G = DCGANGenerator(16, 1, 8, 4, num_classes=3 if conditional else 0)
-    G.z_dim = 16
+    G.z_dim, G.condition = 16, Condition("classes", 3) if conditional else UNCONDITIONAL
     G.eval().requires_grad_(False)
     path = tmp_path / "g.pt2"
     assert snapshot.export(G, "torch", path) <= snapshot.TOLERANCE
@@ -139,7 +157,7 @@ def test_torch_export_gives_the_eager_generator_s_samples_at_any_batch_size(tmp_
 
 def test_an_export_that_disagrees_with_the_eager_generator_is_refused(tmp_path, monkeypatch):
     G = MLPGenerator(8, (2,), 16, 2).eval().requires_grad_(False)
-    G.z_dim, G.num_classes = 8, 0
+    G.z_dim, G.condition = 8, UNCONDITIONAL
     monkeypatch.setattr(snapshot, "max_difference", lambda generator, run: 0.5)
     with pytest.raises(RunError, match="up to 0.5 away from the eager"):
         snapshot.export(G, "torch", tmp_path / "g.pt2")

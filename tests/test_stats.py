@@ -9,6 +9,7 @@ import torch
 from conftest import compose_config
 from omegaconf import OmegaConf
 
+from gan.core.models import g_condition
 from gan.core.state import EMAGenerator, RunningMean, StepCounters
 from gan.data.datasets import data_shape
 from gan.run.build import build_module
@@ -19,7 +20,8 @@ FULL = ["debug=tiny", "augment=ada", "reg=lecam", "model.spectral_norm=true", "m
 
 def build(*overrides: str) -> GANModule:
     cfg = compose_config(*FULL, *overrides)
-    return build_module(OmegaConf.to_container(cfg, resolve=True), data_shape(dict(cfg.data)), 10)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    return build_module(container, data_shape(container["data"]), g_condition(container["model"], 10))  # digits
 
 
 def test_every_buffer_is_saved_and_never_optimized():

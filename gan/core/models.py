@@ -15,6 +15,7 @@ code lets it send each value to its own mode.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -176,16 +177,62 @@ def build_generator(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...
     raise ConfigError(f"unknown model '{name}': use model=mlp or model=dcgan")
 
 
+@dataclass(frozen=True)
+class Condition:
+    """What G takes beside its noise: nothing, the data's classes (``model.conditional``) or a latent code
+    of ``values`` values (``model.codes``). Decided once, by :func:`g_condition`; the checkpoint and
+    generator.pt keep it (:meth:`as_dict`), and training, sampling, evaluation and export read it."""
+
+    kind: str = "none"  # "none" | "classes" | "code"
+    values: int = 0  # the classes or the code's values: the width of the one-hot labels G takes
+
+    @property
+    def classes(self) -> int:
+        """The data's classes that G's labels name (0 unless ``kind`` is "classes": a code names none)."""
+        return self.values if self.kind == "classes" else 0
+
+    def labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Labels for ``n`` samples as G learned them: a code drawn uniformly (its prior), classes balanced
+        (:func:`balanced_labels`); zeros, which G ignores, for none."""
+        if self.kind == "code":
+            return torch.randint(self.values, (n,), generator=generator)
+        return balanced_labels(n, self.values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "values": self.values}
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> Condition:
+        return cls(str(saved["kind"]), int(saved["values"]))
+
+
+UNCONDITIONAL = Condition()  # G of noise alone
+
+
 def latent_codes(model_cfg: dict[str, Any]) -> int:
     """The number of values of G's categorical latent code (``codes``; 0: none), refused beside ``conditional``,
     which gives G the data's classes instead."""
-    codes = model_cfg.get("codes", 0)
+    codes = model_cfg.get("codes", 0)  # configs from before the key existed: no code
     if not isinstance(codes, int) or codes < 0:
         raise ConfigError(f"model.codes={codes}: use 0 (no latent code) or its number of values, e.g. model.codes=8")
     if codes and model_cfg["conditional"]:
         raise ConfigError(f"model.codes={codes} with model.conditional=true: G takes the data's classes or a latent "
                           "code, not both: use model.codes=0 or model.conditional=false")
     return codes
+
+
+def g_condition(model_cfg: dict[str, Any], data_classes: int) -> Condition:
+    """The :class:`Condition` of the ``model`` config on data of ``data_classes`` labels (0: unlabelled);
+    a ConfigError for a bad latent code (:func:`latent_codes`) or ``conditional`` on unlabelled data."""
+    codes = latent_codes(model_cfg)
+    if codes:
+        return Condition("code", codes)
+    if model_cfg["conditional"]:
+        if not data_classes:
+            raise ConfigError("model.conditional=true needs labelled data, and this data has no labels: "
+                              "use model.conditional=false")
+        return Condition("classes", data_classes)
+    return UNCONDITIONAL
 
 
 def d_classifies(model_cfg: dict[str, Any]) -> bool:

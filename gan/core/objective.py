@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from gan.core.augment import Augment
 from gan.core.losses import AdversarialLoss, gradient_penalty
-from gan.core.models import condition_input
+from gan.core.models import UNCONDITIONAL, Condition, condition_input
 from gan.core.regularizers import Regularizer
 from gan.core.state import RunningMean
 from gan.core.step import DUpdate
@@ -26,20 +26,19 @@ from gan.core.step import DUpdate
 class Objective(nn.Module):
     """``loss``: the adversarial loss; ``regularizer``: D's penalty (``Regularizer()`` for none);
     ``augment``: applied to everything D sees, real and fake (None: no augmentation); ``gp_weight``: the
-    WGAN-GP penalty's weight (0: none); ``num_classes`` > 0: a conditional D, which sees one-hot maps of
-    the labels beside each sample of ``data_shape``, or, with ``classify``, sees the sample alone and
+    WGAN-GP penalty's weight (0: none); a ``condition`` of classes: a conditional D, which sees one-hot maps
+    of the labels beside each sample of ``data_shape``, or, with ``classify``, sees the sample alone and
     names its class (AC-GAN, Odena et al. 2017: D and G both add the cross-entropy of that prediction);
-    ``codes``: the labels are G's latent code, not the data's classes, so D names them on G's samples
+    of a latent code: the labels are G's code, not the data's classes, so D names them on G's samples
     alone (InfoGAN, Chen et al. 2016: that cross-entropy is its bound on the code's mutual information)."""
 
     def __init__(self, loss: AdversarialLoss, regularizer: Regularizer, augment: Augment | None = None,
-                 gp_weight: float = 0.0, num_classes: int = 0, data_shape: tuple[int, ...] = (),
-                 classify: bool = False, codes: bool = False):
+                 gp_weight: float = 0.0, condition: Condition = UNCONDITIONAL, data_shape: tuple[int, ...] = (),
+                 classify: bool = False):
         super().__init__()
         self.loss, self.regularizer, self.augment = loss, regularizer, augment
-        self.gp_weight, self.num_classes, self.data_shape = gp_weight, num_classes, tuple(data_shape)
-        self.classify = classify and num_classes > 0
-        self.codes = codes
+        self.gp_weight, self.condition, self.data_shape = gp_weight, condition, tuple(data_shape)
+        self.classify = classify and condition.values > 0
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
 
     def critic(self, D: nn.Module, x: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -51,8 +50,8 @@ class Objective(nn.Module):
         if self.classify:
             out = D(x)
             return out[:, 0], out[:, 1:]
-        if self.num_classes:
-            x = torch.cat((condition_input(labels, self.num_classes, self.data_shape), x), dim=1)
+        if self.condition.values:
+            x = torch.cat((condition_input(labels, self.condition.values, self.data_shape), x), dim=1)
         return D(x), None
 
     def needs_loss_scale(self, d_update: int) -> bool:
@@ -70,7 +69,7 @@ class Objective(nn.Module):
                 fake = fake.detach().requires_grad_(True)  # and R2 too: a new leaf, still cut off from G
         (real_logits, real_classes), (fake_logits, fake_classes) = (self.critic(D, x, labels) for x in (real, fake))
         loss = self.loss.d(real_logits, fake_logits)
-        if self.classify and not self.codes:  # D learns to name the class of real images by their label ...
+        if self.classify and self.condition.classes:  # D learns to name the class of real images by their label ...
             loss = loss + F.cross_entropy(real_classes, labels)
         if self.classify:  # ... and of G's by the class or code G was given
             loss = loss + F.cross_entropy(fake_classes, labels)

@@ -8,7 +8,8 @@
     step          the generator steps it was trained for
     data          the dataset's name
     model         the run's ``model`` config (name, width or hidden and layers, ...)
-    z_dim, data_shape, num_classes    G's input and output: z (N, z_dim) [and labels (N,)] -> (N, *data_shape)
+    z_dim, data_shape, condition      G's input and output: z (N, z_dim) [and labels (N,)] -> (N, *data_shape);
+                  condition: {"kind": "none" | "classes" | "code", "values": K}, what the labels are
     state_dict    G's weights and buffers (BatchNorm statistics)
 
 :func:`load_generator` rebuilds G from it: pure PyTorch, no Lightning or Hydra. :func:`export` writes
@@ -29,11 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gan.core.models import balanced_labels, build_generator
+from gan.core.models import Condition, balanced_labels, build_generator, g_condition
 from gan.errors import ConfigError, RunError
 from gan.files import atomic_write
 
-FORMAT = 1
+FORMAT = 2  # 1: before ``condition``, with ``num_classes`` (the labels' values) instead; still read
 FILE = "generator.pt"  # its name in a run directory
 # export kind -> the file it writes beside generator.pt, and the packages it needs beyond torch
 EXPORTS = {"torch": ("generator.pt2", ()), "onnx": ("generator.onnx", ("onnx", "onnxscript", "onnxruntime"))}
@@ -43,12 +44,12 @@ TOLERANCE = 1e-4
 
 
 def make_snapshot(network: nn.Module, /, *, model: Mapping[str, Any], z_dim: int, data_shape: tuple[int, ...],
-                  num_classes: int, **info: Any) -> dict[str, Any]:
+                  condition: Condition, **info: Any) -> dict[str, Any]:
     """What ``generator.pt`` holds for the generator ``network`` (built from the ``model`` config); ``info``:
     plain values to keep beside it (``generator``, ``step``, ``data``, ...)."""
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in network.state_dict().items()}
     return {"format": FORMAT, **info, "model": dict(model), "z_dim": int(z_dim),
-            "data_shape": [int(d) for d in data_shape], "num_classes": int(num_classes), "state_dict": state}
+            "data_shape": [int(d) for d in data_shape], "condition": condition.as_dict(), "state_dict": state}
 
 
 def save_snapshot(path: str | Path, snapshot: Mapping[str, Any]) -> None:
@@ -61,25 +62,29 @@ def read_snapshot(path: str | Path) -> dict[str, Any]:
         snapshot = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # missing, truncated, or holding pickled objects
         raise ConfigError(f"{path} is not a readable generator.pt ({type(e).__name__}: {e})".splitlines()[0]) from None
-    if not isinstance(snapshot, dict) or snapshot.get("format") != FORMAT:
-        raise ConfigError(f"{path} is not a generator.pt of format {FORMAT}: write one with "
+    if not isinstance(snapshot, dict) or snapshot.get("format") not in (1, FORMAT):
+        raise ConfigError(f"{path} is not a generator.pt of format 1 or {FORMAT}: write one with "
                           "python evaluate.py run_dir=<run> snapshot=true")
+    if snapshot["format"] == 1:  # its labels' count, with the config saying whether they are classes or a code
+        snapshot["condition"] = g_condition(snapshot["model"], snapshot.pop("num_classes")).as_dict()
+        snapshot["format"] = FORMAT
     return snapshot
 
 
 def load_generator(source: str | Path | Mapping[str, Any], device: str | torch.device = "cpu") -> nn.Module:
     """The generator of a ``generator.pt`` (a path, or the dictionary itself), on ``device``, in eval mode
-    and without gradients. It carries ``z_dim``, ``num_classes`` and ``data_shape``::
+    and without gradients. It carries ``z_dim``, ``data_shape`` and ``condition`` (what its labels are)::
 
         G = load_generator("<run>/generator.pt")
-        images = G(torch.randn(16, G.z_dim))                                  # (16, *G.data_shape) in [-1, 1]
-        images = G(torch.randn(16, G.z_dim), torch.arange(16) % G.num_classes)  # a conditional run
+        images = G(torch.randn(16, G.z_dim))                          # (16, *G.data_shape) in [-1, 1]
+        images = G(torch.randn(16, G.z_dim), G.condition.labels(16))  # classes in turn, or a code drawn
     """
     snapshot = source if isinstance(source, Mapping) else read_snapshot(source)
     shape = tuple(snapshot["data_shape"])
-    generator = build_generator(snapshot["model"], snapshot["z_dim"], shape, snapshot["num_classes"])
+    condition = Condition.from_dict(snapshot["condition"])
+    generator = build_generator(snapshot["model"], snapshot["z_dim"], shape, condition.values)
     generator.load_state_dict(snapshot["state_dict"])
-    generator.z_dim, generator.num_classes, generator.data_shape = snapshot["z_dim"], snapshot["num_classes"], shape
+    generator.z_dim, generator.condition, generator.data_shape = snapshot["z_dim"], condition, shape
     return generator.to(device).eval().requires_grad_(False)
 
 
@@ -95,11 +100,11 @@ def missing_packages(kind: str) -> list[str]:
 def example_inputs(generator: nn.Module, batch: int, seed: int) -> tuple[Tensor, ...]:
     """Seeded noise (and balanced labels, for a conditional G): the inputs G is traced and checked with."""
     z = torch.randn(batch, generator.z_dim, generator=torch.Generator().manual_seed(seed))
-    return (z, balanced_labels(batch, generator.num_classes)) if generator.num_classes else (z,)
+    return (z, balanced_labels(batch, generator.condition.values)) if generator.condition.values else (z,)
 
 
 def input_names(generator: nn.Module) -> list[str]:
-    return ["z", "labels"] if generator.num_classes else ["z"]
+    return ["z", "labels"] if generator.condition.values else ["z"]
 
 
 def export(generator: nn.Module, kind: str, path: str | Path) -> float:

@@ -119,7 +119,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     atomic_write(out / "metrics.json", lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
     points = is_points(module.data_shape)
     # The scored samples' labels cycle through the classes; a latent code was drawn at random (sampling.py).
-    classes = 0 if module.codes else module.num_classes
+    classes = module.condition.classes
     # Points keep their coordinates; images are stored as the 8-bit pixels a PNG would hold.
     stored = samples.cpu().numpy().astype(np.float32) if points else to_uint8(samples).cpu().numpy()
     atomic_write(out / "samples.npz", lambda f: np.savez_compressed(f, samples=stored))
@@ -133,7 +133,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     render_samples(samples, out / "grid.png", writer, f"eval/grid{suffix}", step, num_classes=classes,
                    real_points=real_points, means=means, title=title)
     steps = POINT_STEPS if points else IMAGE_STEPS
-    render_interpolation(interpolate(module, module.num_classes or PATHS, steps, cfg.seed), steps,
+    render_interpolation(interpolate(module, module.condition.values or PATHS, steps, cfg.seed), steps,
                          out / "interpolation.png", writer, f"eval/interpolation{suffix}", step,
                          real_points=real_points, means=means,
                          title=f"step {step}: paths between noise vectors (slerp)" if points else "")

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from gan.core.models import balanced_labels
+from gan.core.models import Condition, balanced_labels
 from gan.data.datasets import is_points
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, quantize
 from gan.run.settings import EvalSettings
@@ -24,8 +24,7 @@ class SampleSource(Protocol):
     """What sampling needs of a generator; :class:`gan.run.module.GANModule` is one."""
 
     z_dim: int
-    num_classes: int  # 0: unconditional
-    codes: bool  # the labels are G's latent code (uniform prior), not classes
+    condition: Condition  # what G takes beside z: nothing, classes, or a latent code
     cfg: Mapping[str, Any]  # the run's config: ``cfg["data"]["name"]`` says whether it makes points or images
 
     @property
@@ -46,8 +45,7 @@ def generate_samples(source: SampleSource, num_samples: int, seed: int, batch_si
     """
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(num_samples, source.z_dim, generator=generator)
-    labels = (torch.randint(source.num_classes, (num_samples,), generator=generator) if source.codes else
-              balanced_labels(num_samples, source.num_classes))
+    labels = source.condition.labels(num_samples, generator)
     samples = torch.cat([source.generate(z.to(source.device), y.to(source.device))
                          for z, y in zip(noise.split(batch_size), labels.split(batch_size))])
     return samples if is_points(samples.shape[1:]) else quantize(samples)
@@ -58,7 +56,7 @@ def sample_and_score(source: SampleSource, metrics: MixtureMetrics | ImageMetric
     """Samples of ``source`` and their metrics; a class-conditional generator's samples are scored per class
     too, with the labels :func:`generate_samples` gave them (a latent code names no class of the data)."""
     samples = generate_samples(source, settings.num_samples, seed, settings.batch_size)
-    classes = 0 if source.codes else source.num_classes
+    classes = source.condition.classes
     labels = balanced_labels(settings.num_samples, classes) if classes else None
     return samples, metrics.score(samples, seed, labels)
 
@@ -87,5 +85,5 @@ def interpolate(source: SampleSource, rows: int, steps: int, seed: int) -> Tenso
     generator = torch.Generator().manual_seed(seed)
     ends = torch.randn(2, rows, source.z_dim, generator=generator)
     z = slerp(ends[0], ends[1], torch.linspace(0, 1, steps)).flatten(0, 1)
-    labels = balanced_labels(rows, source.num_classes).repeat_interleave(steps)
+    labels = balanced_labels(rows, source.condition.values).repeat_interleave(steps)
     return source.generate(z.to(source.device), labels.to(source.device))

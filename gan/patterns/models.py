@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from gan.core.losses import get_loss
-from gan.core.models import build_models
+from gan.core.models import build_models, g_condition
 from gan.run.build import build_module
 from gan.run.module import GANModule
 from gan.training.compose import compose
@@ -48,4 +48,5 @@ def training_module(device: torch.device, num_classes: int = 0, width: int = 8) 
     1-channel SIZE x SIZE images, with augmentation and regularizers off (D's loss is the plain loss)."""
     cfg = compose("data=digits", "augment=none", "reg=none", "loss=nonsaturating", f"model.width={width}",
                   f"data.image_size={SIZE}", f"train.z_dim={Z_DIM}", f"model.conditional={bool(num_classes)}")
-    return build_module(OmegaConf.to_container(cfg, resolve=True), (1, SIZE, SIZE), num_classes).to(device)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    return build_module(container, (1, SIZE, SIZE), g_condition(container["model"], num_classes)).to(device)

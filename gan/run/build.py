@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 from gan.core.augment import build_augment
 from gan.core.losses import get_loss
-from gan.core.models import balanced_labels, build_models, d_classifies, latent_codes
+from gan.core.models import Condition, balanced_labels, build_models, d_classifies
 from gan.core.objective import Objective
 from gan.core.regularizers import R1, build_regularizer
 from gan.core.state import EMAGenerator
@@ -19,17 +19,15 @@ from gan.data.datasets import is_points
 from gan.run.module import GANModule
 
 
-def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) -> GANModule:
+def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Condition) -> GANModule:
     """The GANModule a plain-container config describes, for samples of ``shape`` ((2,) for points, (C, H, W)
-    for images) and ``classes`` labels (0: unconditional). Also how evaluate.py rebuilds a run."""
+    for images) and G's ``condition`` (:func:`gan.core.models.g_condition`). Also how evaluate.py rebuilds a run."""
     train, z_dim = cfg["train"], cfg["train"]["z_dim"]
-    codes = latent_codes(cfg["model"])
-    labels = classes or codes  # the values G's labels take: the data's classes, or its latent code's
+    labels = condition.values  # the values G's labels take: the data's classes, or its latent code's
     G, D = build_models(cfg["model"], z_dim, shape, labels)
     gp_weight = float(cfg["loss"].get("gp_weight", 0.0))  # wgan_gp's key
     objective = Objective(get_loss(cfg["loss"]["name"]), build_regularizer(cfg["reg"]),
-                          build_augment(cfg["augment"], shape), gp_weight, labels, shape, d_classifies(cfg["model"]),
-                          codes=codes > 0)
+                          build_augment(cfg["augment"], shape), gp_weight, condition, shape, d_classifies(cfg["model"]))
     ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
     images = not is_points(shape)
     channels_last = bool(train["channels_last"]) and images
@@ -49,7 +47,7 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], classes: int = 0) 
         lr_decay=cfg["optim"]["decay"], max_steps=cfg["trainer"]["max_steps"],
         z_dim=z_dim, d_steps=train["d_steps"], batch_size=train["batch_size"], log_every=cfg["log"]["every"],
         sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
-        sample_labels=balanced_labels(n, labels), data_shape=shape, num_classes=labels, codes=codes > 0,
+        sample_labels=balanced_labels(n, labels), data_shape=shape, condition=condition,
         channels_last=channels_last,
         audit=bool(cfg["audit"]),
-        hparams={"cfg": cfg, "data_shape": list(shape), "num_classes": classes})
+        hparams={"cfg": cfg, "data_shape": list(shape), "condition": condition.as_dict()})

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from gan.core.models import g_condition
 from gan.run.schema import DECLARED
 
 # Config keys added after the first runs, with the value those runs trained with (declared with each key).
@@ -37,9 +38,13 @@ def upgrade(checkpoint: dict[str, Any]) -> None:
             state[new + key[len(old):]] = state.pop(key)
     for key in DROPPED:
         state.pop(key, None)
-    cfg = checkpoint.get("hyper_parameters", {}).get("cfg")
+    hparams = checkpoint.get("hyper_parameters", {})
+    cfg = hparams.get("cfg")
     if isinstance(cfg, dict):
         upgrade_config(cfg)
+        # Written before G's condition was one record: the data's classes, with the latent code in the config.
+        if "num_classes" in hparams and "condition" not in hparams:
+            hparams["condition"] = g_condition(cfg["model"], hparams.pop("num_classes")).as_dict()
 
 
 def upgrade_config(cfg: dict[str, Any]) -> None:

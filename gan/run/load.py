@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gan.core.models import Condition
 from gan.errors import ConfigError
 from gan.run.build import build_module
 from gan.run.checkpoint import mismatched, read_checkpoint
@@ -32,7 +33,7 @@ def load_module(path: Path) -> GANModule:
     ckpt = read_checkpoint(path, "ckpt")
     hp = ckpt["hyper_parameters"]
     try:  # a checkpoint of an older version may lack a config key
-        module = build_module(hp["cfg"], tuple(hp["data_shape"]), hp["num_classes"])
+        module = build_module(hp["cfg"], tuple(hp["data_shape"]), Condition.from_dict(hp["condition"]))
     except KeyError as e:
         raise ConfigError(f"cannot rebuild a GAN from {path}: its config has no {e}") from None
     problems = mismatched(module.state_dict(), ckpt["state_dict"])

@@ -16,6 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from gan.core.audit import checked_sampling
 from gan.core.contexts import evaluating
+from gan.core.models import UNCONDITIONAL, Condition
 from gan.core.objective import Objective
 from gan.core.snapshot import make_snapshot
 from gan.core.state import EMAGenerator, StepCounters
@@ -27,7 +28,7 @@ class GANModule(nn.Module):
     def __init__(self, G: nn.Module, D: nn.Module, objective: Objective, *, ema: EMAGenerator | None,
                  optimizers: tuple[OptimizerFactory, OptimizerFactory], lr_decay: str, max_steps: int,
                  z_dim: int, d_steps: int, batch_size: int, log_every: int, sample_noise: Tensor,
-                 sample_labels: Tensor, data_shape: tuple[int, ...], num_classes: int = 0, codes: bool = False,
+                 sample_labels: Tensor, data_shape: tuple[int, ...], condition: Condition = UNCONDITIONAL,
                  channels_last: bool = False, audit: bool = False, hparams: dict[str, Any] | None = None):
         super().__init__()
         # Plain containers only: an OmegaConf DictConfig in the checkpoint would make it unloadable
@@ -37,8 +38,7 @@ class GANModule(nn.Module):
         self.G, self.D, self.objective, self.ema = G, D, objective, ema
         self.make_optimizers, self.lr_decay, self.max_steps = optimizers, lr_decay, max_steps
         self.z_dim, self.d_steps, self.batch_size, self.log_every = z_dim, d_steps, batch_size, log_every
-        self.data_shape, self.num_classes = tuple(data_shape), num_classes  # (2,) points, (C, H, W) images
-        self.codes = codes  # G's labels are a latent code (num_classes values) drawn here, not the data's labels
+        self.data_shape, self.condition = tuple(data_shape), condition  # (2,) points, (C, H, W) images
         self.channels_last, self.audit = channels_last, audit
         self.counters = StepCounters()
         self.global_rank = 0  # this process's rank under DDP, set by the loop
@@ -56,8 +56,8 @@ class GANModule(nn.Module):
         return torch.randn(n, self.z_dim, device=self.device)
 
     def latent_code(self, n: int) -> Tensor:
-        """G's categorical code for ``n`` samples, uniform over its ``num_classes`` values (model.codes)."""
-        return torch.randint(self.num_classes, (n,), device=self.device)
+        """G's categorical code for ``n`` samples, uniform over its values (model.codes), drawn on the device."""
+        return torch.randint(self.condition.values, (n,), device=self.device)
 
     # --- sampling --------------------------------------------------------------------------------
 
@@ -69,7 +69,7 @@ class GANModule(nn.Module):
     def generate(self, z: Tensor, labels: Tensor | None = None) -> Tensor:
         """Samples through the one evaluation context (eval mode, no_grad, state restored)."""
         generator = self.sampling_generator
-        labels = labels if self.num_classes else None
+        labels = labels if self.condition.values else None
 
         def sample() -> Tensor:
             with evaluating(generator):
@@ -81,7 +81,7 @@ class GANModule(nn.Module):
         """The sampling generator as ``generator.pt`` holds it (gan/core/snapshot.py): the EMA copy's weights
         where there is one, else G's; ``info``: more plain values to keep with them."""
         return make_snapshot(self.sampling_generator, model=self.cfg["model"], z_dim=self.z_dim,
-                             data_shape=tuple(self.hparams["data_shape"]), num_classes=self.num_classes,
+                             data_shape=tuple(self.hparams["data_shape"]), condition=self.condition,
                              generator="G" if self.ema is None else "ema", step=self.counters.g,
                              data=self.cfg["data"]["name"], **self.started_from(), **info)
 

@@ -13,7 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from gan.cli import reported
-from gan.core.models import d_classifies
+from gan.core.models import d_classifies, g_condition
 from gan.data.datasets import build_dataset, data_shape, is_points, num_classes
 from gan.errors import ConfigError
 from gan.run.build import build_module
@@ -163,10 +163,10 @@ def check_finetune(cfg: DictConfig) -> None:
     finetune, data = container["finetune"], container["data"]
     subset = data.get("classes") is not None or data.get("limit") is not None
     starts = (cfg.init_from is not None and cfg.ckpt_path is None) or finetune["freeze_d"] or finetune["freeze_g"]
-    dataset = build_dataset(data, cfg.seed) if subset or (starts and cfg.model.conditional) else None
+    dataset = build_dataset(data, cfg.seed) if subset or starts else None
     if starts:
-        classes = num_classes(dataset) if cfg.model.conditional else 0
-        start_from(build_module(container, data_shape(data), classes), container)
+        start_from(build_module(container, data_shape(data), g_condition(container["model"], num_classes(dataset))),
+                   container)
 
 
 def check_resumable(module: GANModule, cfg: DictConfig) -> list[Change]:

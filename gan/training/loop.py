@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from gan.core import snapshot, step
 from gan.core.audit import check_plain_numbers
 from gan.core.distributed import broadcast_buffers
+from gan.core.models import g_condition
 from gan.core.phases import PhaseTimer, StepPhases
 from gan.data.datasets import data_shape, is_points, mixture_means, num_classes, population
 from gan.data.module import GANData
@@ -92,10 +93,8 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
     fabric.seed_everything(cfg.seed, workers=True, verbose=False)
     data = GANData(container["data"], cfg.train.batch_size, cfg.train.d_steps, cfg.seed)
-    classes = num_classes(data.dataset) if cfg.model.conditional else 0
-    if cfg.model.conditional and classes == 0:
-        raise ConfigError(f"model.conditional=true needs labelled data; data={cfg.data.name} has no labels")
-    module = build_module(container, data_shape(container["data"]), classes)
+    condition = g_condition(container["model"], num_classes(data.dataset))  # what G takes beside its noise
+    module = build_module(container, data_shape(container["data"]), condition)
     module.global_rank = fabric.global_rank
     checkpoint = None
     if cfg.ckpt_path is not None:
@@ -301,8 +300,9 @@ def generator_step(run: Training, batch: tuple[Tensor, Tensor], backward: step.B
     module, objective = run.module, run.module.objective
     images = batch[0].contiguous(memory_format=torch.channels_last) if module.channels_last else batch[0]
     reals = images.chunk(module.d_steps)
-    labels = ([module.latent_code(len(real)) for real in reals] if module.codes else
-              batch[1].chunk(module.d_steps) if module.num_classes else [None] * module.d_steps)
+    kind = module.condition.kind
+    labels = ([module.latent_code(len(real)) for real in reals] if kind == "code" else
+              batch[1].chunk(module.d_steps) if kind == "classes" else [None] * module.d_steps)
     # One (noise, real, labels) per D update; the last batch's G forward also serves G's update.
     batches = [step.Batch(module.noise(len(real)), real, y) for real, y in zip(reals, labels)]
     first_d_update = module.counters.d

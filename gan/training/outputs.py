@@ -188,7 +188,7 @@ class Samples:
         samples = module.generate(module.sample_noise, module.sample_labels)
         # The whole fixed batch: a conditional grid shows every row the module drew labels for.
         render_samples(samples, self.directory / f"step_{step:06d}.png", self.writer, self.tag, step,
-                       num_classes=module.num_classes, real_points=self.real_points, means=self.means,
+                       num_classes=module.condition.values, real_points=self.real_points, means=self.means,
                        title=f"generator step {step}", per_class=len(samples), limit=len(samples))
 
 
