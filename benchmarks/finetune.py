@@ -51,15 +51,19 @@ SOURCE, TARGET = "[0,1,2,3,4]", "[5,6,7,8,9]"
 
 
 def train(run_dir: Path, overrides: list[str], reuse: bool) -> float | None:
-    """``python train.py experiment=mnist <overrides>`` into ``run_dir``; its wall seconds (None: reused)."""
+    """``python train.py experiment=mnist <overrides>`` into ``run_dir``; its wall seconds, kept beside the run so
+    that a reused run (``reuse``: trained by an earlier call, e.g. one of two calls on disjoint seeds) reports
+    them too (None: a reused run trained before they were kept)."""
+    record = run_dir / "train_seconds.txt"
     if reuse and (run_dir / "generator.pt").is_file():
-        return None
+        return float(record.read_text()) if record.is_file() else None
     command = [sys.executable, "train.py", "experiment=mnist", *overrides, f"hydra.run.dir={run_dir}",
                "trainer.enable_progress_bar=false"]
     print(" ".join(command[1:]), f"(load average {load()})", flush=True)
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - start
+    record.write_text(f"{seconds:.1f}\n")
     print(f"  trained in {seconds:.0f} s", flush=True)
     return seconds
 
