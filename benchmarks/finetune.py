@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--num-samples", type=int, default=5000)
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmarks" / "finetune")
-    parser.add_argument("--reuse", action="store_true", help="keep runs already trained under --out")
+    parser.add_argument("--reuse", action="store_true", help="keep runs already trained (and scored) under --out")
     parser.add_argument("--write", type=Path, default=ROOT / "docs" / "results.md")
     args = parser.parse_args()
     data = [f"data.root={args.data_root}", f"data.split={args.split}", f"train.threads={args.threads}"]
@@ -125,7 +125,7 @@ def main() -> None:
                 run_dir = args.out / f"n{size}-{slug}-seed{seed}"
                 seconds = train(run_dir, [*data, f"data.classes={TARGET}", f"data.limit={size}",
                                           f"trainer.max_steps={args.steps}", f"seed={seed}", *extra], args.reuse)
-                result, settings = evaluate(run_dir, args.num_samples)
+                result, settings = evaluate(run_dir, args.num_samples, reuse=args.reuse)
                 result["seconds"] = seconds
                 print(f"  n={size} {label} seed {seed}: fid {result['fid']:.3g}, confident {result['confident']:.3f}, "
                       f"classes {result['classes_present']}", flush=True)

@@ -31,6 +31,7 @@ classes nearly uniform), ``confident`` >= 0.90 (nine samples in ten recognised w
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -94,11 +95,20 @@ def train_preset(name: str, root: str, split: str, seed: int, run_dir: Path,
     return seconds, cpu
 
 
-def evaluate(run_dir: Path, num_samples: int, *overrides: str) -> tuple[dict[str, Any], EvalSettings]:
-    """``python evaluate.py run_dir=<run> num_samples=<N> [overrides]``'s result, and the settings it used."""
+def evaluate(run_dir: Path, num_samples: int, *overrides: str, reuse: bool = False) -> tuple[dict[str, Any],
+                                                                                          EvalSettings]:
+    """``python evaluate.py run_dir=<run> num_samples=<N> [overrides]``'s result, and the settings it used;
+    ``reuse``: the run's ``eval/metrics.json`` where it holds a score of ``num_samples`` (what evaluate.py
+    wrote, and would write again: its sampling is seeded)."""
     cfg = compose(f"run_dir={run_dir}", f"num_samples={num_samples}", *overrides, config="evaluate")
     run_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
-    return evaluate_run(cfg), EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
+    settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
+    saved = run_dir / "eval" / "metrics.json"
+    if reuse and not overrides and saved.is_file():
+        result = json.loads(saved.read_text())
+        if result["num_samples"] == num_samples:
+            return result, settings
+    return evaluate_run(cfg), settings
 
 
 def references(run_dir: Path, settings: EvalSettings,
