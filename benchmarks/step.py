@@ -382,6 +382,9 @@ SPEED_OPTIONS = {
 # experiment=ring, which trains a smaller MLP with a decaying learning rate).
 RING_R1 = ["~experiment", "data=ring", "reg=r1", "data.batch_size=512"]
 BASELINE, DEFAULTS = "fp32, NCHW", "fp32, channels_last (the default)"
+# About 10 s of bare steps a measurement: 3 s left 10-25 steps a window on a slow host, too few to tell two loops
+# within a few percent of each other apart from the noise (docs/benchmarks.md).
+WINDOW_MS = 10_000
 
 
 def mnist_root(directory: Path) -> tuple[Path, str]:
@@ -409,6 +412,12 @@ def recipes(folder: Path, mnist: tuple[Path, str]) -> dict[str, list[str]]:
             "DCGAN 64x64x3, image folder": ["experiment=folder", f"data.path={folder}"]}
 
 
+def window_steps(most: int, step_ms: float) -> int:
+    """Steps per measurement: at most ``most``, and about WINDOW_MS of bare steps (at least 10), so that a slow
+    recipe is not run for minutes and a fast one long enough that a difference of a few percent shows."""
+    return max(10, min(most, int(WINDOW_MS / step_ms)))
+
+
 def section_a(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, device: torch.device) -> list[str]:
     rows = ["| recipe | framework `train()` | bare PyTorch loop | framework / bare | target |", "|---|---|---|---|---|"]
     for name, overrides in recipes(folder, mnist).items():
@@ -416,8 +425,7 @@ def section_a(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, d
             continue
         cfg = compose_train(*overrides, run_dir=Path("unused"))
         step, threads = bare_step(cfg, device), cfg.train.threads or DEFAULT_THREADS
-        # At most --steps, and about 3 s of bare steps per measurement: a slow recipe is not run for minutes.
-        steps = max(10, min(args.steps, int(3000 / bare_ms(step, 3, device, threads))))
+        steps = window_steps(args.steps, bare_ms(step, 3, device, threads))
         ms = alternate(args.rounds, framework=lambda o=overrides, n=steps: framework_ms(o, n, device.type),
                        bare=lambda s=step, t=threads, n=steps: bare_ms(s, n, device, t))
         ratio = ms["framework"] / ms["bare"]
@@ -437,7 +445,7 @@ def section_threads(folder: Path, mnist: tuple[Path, str], args: argparse.Namesp
         if args.recipes and not any(r in name for r in args.recipes):
             continue
         cfg = compose_train(*overrides, run_dir=Path("unused"))
-        steps = max(10, min(args.steps, int(3000 / bare_ms(bare_step(cfg, device), 3, device, cores))))
+        steps = window_steps(args.steps, bare_ms(bare_step(cfg, device), 3, device, cores))
         ms = alternate(args.rounds, **{str(n): (lambda o=overrides, n=n, k=steps: framework_ms(
             [*o, f"train.threads={n}"], k, device.type)) for n in (1, cores)})
         rows.append(f"| {name} ({steps} steps) | {ms['1']:.2f} ms | {ms[str(cores)]:.2f} ms | "
