@@ -7,7 +7,7 @@ numerical stability: ``-log(sigmoid(l)) == softplus(-l)`` and ``-log(1 - sigmoid
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -91,26 +91,30 @@ def get_loss(name: str) -> AdversarialLoss:
     return LOSSES[name]
 
 
-def input_gradient(outputs: Tensor, inputs: Tensor, scale: Tensor | None = None) -> Tensor:
-    """The gradient of ``outputs.sum()`` with respect to ``inputs``, itself differentiable.
+def input_gradients(outputs: Sequence[Tensor], inputs: Sequence[Tensor],
+                    scale: Tensor | None = None) -> tuple[Tensor, ...]:
+    """The gradient of ``outputs[i].sum()`` with respect to ``inputs[i]`` for each i, themselves
+    differentiable, from one inner backward (one call of the autograd engine for all of them). Each
+    output must depend on its own input alone, as D's verdicts on real and on fake samples do (two
+    forward passes); otherwise a gradient would hold the other outputs' share too.
 
-    ``create_graph=True``: a penalty built from it is differentiated again in D's backward, so it must
+    ``create_graph=True``: a penalty built from them is differentiated again in D's backward, so it must
     be a function of D's weights, not a detached number. ``scale``: under float16 mixed precision the
     loss scale of the GradScaler (as a tensor on the device: no sync), applied before this inner
     backward so that small gradients do not underflow in float16, and divided out of the result.
     """
-    total = outputs.sum() if scale is None else outputs.sum() * scale
-    (grad,) = torch.autograd.grad(total, inputs, create_graph=True)
-    return grad if scale is None else grad / scale
+    totals = [o.sum() if scale is None else o.sum() * scale for o in outputs]
+    grads = torch.autograd.grad(totals, list(inputs), create_graph=True)
+    return grads if scale is None else tuple(grad / scale for grad in grads)
 
 
 def gradient_penalty(critic: Callable[[Tensor], Tensor], real: Tensor, fake: Tensor,
                      scale: Tensor | None = None) -> Tensor:
     """E[(||grad_x critic(x_hat)||_2 - 1)^2] on random interpolates x_hat (WGAN-GP).
 
-    ``fake`` must already be detached: the penalty trains D only. ``scale``: see :func:`input_gradient`.
+    ``fake`` must already be detached: the penalty trains D only. ``scale``: see :func:`input_gradients`.
     """
     alpha = torch.rand(real.shape[0], *([1] * (real.dim() - 1)), device=real.device, dtype=real.dtype)
     x_hat = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
-    grad = input_gradient(critic(x_hat), x_hat, scale)
+    (grad,) = input_gradients((critic(x_hat),), (x_hat,), scale)
     return (grad.flatten(1).norm(dim=1) - 1).pow(2).mean()
