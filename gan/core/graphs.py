@@ -1,6 +1,6 @@
 """Pictures of the autograd graphs of one training step: what ``backward()`` walks from the D loss and
 from the G loss (``python -m gan.patterns graph``; the G loss's picture also goes to every run's
-TensorBoard, gan/training/callbacks.py).
+TensorBoard, gan/training/outputs.py's Samples).
 
 A loss's graph is read as backward reads it: from ``loss.grad_fn`` along ``next_functions`` down to
 one ``AccumulateGrad`` node per leaf that requires grad -- here the parameters, named as in

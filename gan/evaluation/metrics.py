@@ -18,7 +18,7 @@ for images.
   spaces give per-class FID but no accuracy).
 
 Nothing here knows how samples are made or when they are measured: gan/evaluation/sampling.py draws them,
-gan/training/callbacks.py's MetricsLogger measures during training and gan/evaluation/app.py is ``python
+gan/training/outputs.py's Metrics measures during training and gan/evaluation/app.py is ``python
 evaluate.py``. Every random draw here comes from a seeded generator of its own or a forked RNG: same
 seed, same numbers.
 """

@@ -30,7 +30,7 @@ DASHBOARD_LAYOUT = {
         "gradient norms": ["Multiline", ["grad_norm/g", "grad_norm/d"]],
         "augmentation probability": ["Multiline", ["augment/p"]],
     },
-    # Written during training (eval.every: gan/training/callbacks.py's MetricsLogger) and by evaluate.py
+    # Written during training (eval.every: gan/training/outputs.py's Metrics) and by evaluate.py
     # (gan/evaluation/app.py).
     "metrics": {
         "FID": ["Multiline", ["metrics/fid"]],
