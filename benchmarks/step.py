@@ -127,14 +127,25 @@ def bare_ms(step: Callable[[], object], steps: int, device: torch.device, thread
     return (time.perf_counter() - start) * 1e3 / steps
 
 
-def alternate(rounds: int, **variants: Callable[[], float]) -> dict[str, float]:
+def alternate_rounds(rounds: int, **variants: Callable[[], float]) -> dict[str, list[float]]:
     """Each variant once per round, in turn, the order reversed every other round (so that no variant
-    always runs first, after the same neighbour); the median over rounds of each variant's figure."""
+    always runs first, after the same neighbour); each variant's figure of every round."""
     results: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(rounds):
         for name in list(variants)[:: -1 if round_ % 2 else 1]:
             results[name].append(variants[name]())
-    return {name: statistics.median(values) for name, values in results.items()}
+    return results
+
+
+def alternate(rounds: int, **variants: Callable[[], float]) -> dict[str, float]:
+    """:func:`alternate_rounds`' median over rounds of each variant's figure."""
+    return {name: statistics.median(values) for name, values in alternate_rounds(rounds, **variants).items()}
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """The median over rounds of each round's ratio: the two figures of a round were measured next to each
+    other, so a slow spell of a shared machine moves both and cancels, where a ratio of medians keeps it."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
 
 
 # --- data --------------------------------------------------------------------------------------------------
@@ -419,16 +430,18 @@ def window_steps(most: int, step_ms: float) -> int:
 
 
 def section_a(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, device: torch.device) -> list[str]:
-    rows = ["| recipe | framework `train()` | bare PyTorch loop | framework / bare | target |", "|---|---|---|---|---|"]
+    rows = ["| recipe | framework `train()` | bare PyTorch loop | framework / bare (median of the rounds' ratios) "
+            "| target |", "|---|---|---|---|---|"]
     for name, overrides in recipes(folder, mnist).items():
         if args.recipes and not any(r in name for r in args.recipes):
             continue
         cfg = compose_train(*overrides, run_dir=Path("unused"))
         step, threads = bare_step(cfg, device), cfg.train.threads or DEFAULT_THREADS
         steps = window_steps(args.steps, bare_ms(step, 3, device, threads))
-        ms = alternate(args.rounds, framework=lambda o=overrides, n=steps: framework_ms(o, n, device.type),
-                       bare=lambda s=step, t=threads, n=steps: bare_ms(s, n, device, t))
-        ratio = ms["framework"] / ms["bare"]
+        each = alternate_rounds(args.rounds, framework=lambda o=overrides, n=steps: framework_ms(o, n, device.type),
+                                bare=lambda s=step, t=threads, n=steps: bare_ms(s, n, device, t))
+        ms = {name: statistics.median(values) for name, values in each.items()}
+        ratio = paired_ratio(each["framework"], each["bare"])
         rows.append(f"| {name} ({steps} steps) | {ms['framework']:.2f} ms | {ms['bare']:.2f} ms | **{ratio:.3f}** "
                     "| <= 1.05 |")
         print(rows[-1], flush=True)
@@ -814,7 +827,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         DEFAULT_THREADS = args.threads
     device = torch.device(args.device)
-    header = (f"{args.rounds} rounds, the variants alternating; {args.steps} generator steps per measurement after "
+    header = (f"{args.rounds} rounds, the variants alternating; {args.steps} generator steps per measurement (per "
+              f"recipe: at most that, about {WINDOW_MS // 1000} s of bare steps; each row names its count) after "
               f"{WARMUP} dropped; mean time per step (logging steps included); {torch.get_num_threads()} threads, "
               f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}.")
     print(header, flush=True)
