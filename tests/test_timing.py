@@ -94,8 +94,7 @@ def test_cuda_events_agree_with_synchronized_timing():
     x = torch.randn(2048, 2048, device="cuda")
     totals = {}
     for sync in (False, True):
-        timer = PhaseTimer(sync=sync)
-        timer.device = torch.device("cuda")
+        timer = PhaseTimer(sync=sync, device="cuda")
         for _ in range(3):
             with StepPhases(timer).phase("g_forward"):
                 for _ in range(10):

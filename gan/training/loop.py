@@ -123,8 +123,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     ddp = isinstance(fabric.strategy, DDPStrategy)
     G, D = (fabric.strategy.setup_module(module.G), fabric.strategy.setup_module(module.D)) if ddp else \
         (module.G, module.D)
-    timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync)
-    timer.device = fabric.device
+    timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
     phases = StepPhases(timer)  # which update runs, for the guard, the audit and the pictures; the timer reads it
     run = Training(fabric, module, optimizers, schedules, G, D, phases, timer)
 
