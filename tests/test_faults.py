@@ -15,7 +15,9 @@ import pytest
 import torch
 from conftest import ROOT, TINY, LearningRates, compose_config, read_events, run_train
 
+from gan.core.state import StepCounters
 from gan.errors import Interrupted, RunError, StoppedAtOnce
+from gan.training.guard import NonFiniteGuard
 from gan.training.loop import Probe, train
 
 # Adam moves every weight of D by about lr in its first step: D's next outputs, and its loss, overflow.
@@ -95,6 +97,62 @@ def test_nonfinite_gradients_with_a_finite_loss_name_the_backward(tmp_path):
     cfg = compose_config(*TINY, "train.skip_nonfinite=true", "audit=false", run_dir=tmp_path / "skipping")
     module = train(cfg, probes=[NonfiniteGradient()])
     assert (int(module.counters.skipped_g), int(module.counters.skipped_d), module.counters.g) == (1, 0, 6)
+
+
+def judged_window(bad: dict[tuple[int, str, int], str], skip: bool) -> tuple[NonFiniteGuard, StepCounters, list]:
+    """Four generator steps of two D updates and one G update each, judged by a real guard before real fused
+    Adam steps and read once at the end, as a window of log.every=4 is. ``bad``: (step, network, update) ->
+    "loss" (a NaN loss) or "grads" (a finite loss, an inf gradient). Returns D's weights before each update."""
+    torch.manual_seed(0)
+    counters = StepCounters()
+    guard = NonFiniteGuard(skip, counters, d_steps=2)
+    nets = {"D": torch.nn.Linear(3, 1), "G": torch.nn.Linear(3, 1)}
+    opts = {n: torch.optim.Adam(net.parameters(), lr=0.1, fused=True) for n, net in nets.items()}
+    before = []
+    for step in range(1, 5):
+        for network, update in (("D", 0), ("D", 1), ("G", 1)):  # G's update comes after D's last, as it says
+            kind = bad.get((step, network, update))
+            loss = nets[network](torch.randn(4, 3)).mean() * (math.nan if kind == "loss" else 1.0)
+            opts[network].zero_grad()
+            loss.backward()
+            if kind == "grads":
+                nets[network].weight.grad[0, 0] = math.inf
+            before.append((step, network, update, nets[network].weight.detach().clone()))
+            guard.before_backward(loss)
+            guard.judge(opts[network], network, update)
+            opts[network].step()
+            counters.count_d_step() if network == "D" else None
+        counters.count_g_step(4)
+    return guard, counters, before
+
+
+def test_the_guard_names_the_first_bad_update_of_a_window_and_counts_every_skipped_one(caplog):
+    bad = {(3, "D", 1): "grads", (3, "G", 1): "loss", (4, "D", 0): "loss"}
+    guard, counters, before = judged_window(bad, skip=True)
+    with caplog.at_level("WARNING", logger="gan.training.guard"):
+        guard.read()
+    assert [r.getMessage() for r in caplog.records] == [
+        "skipped generator step 3, D update 2 of 2: the loss is finite but its gradients are not (backward) "
+        "(train.skip_nonfinite)"]
+    assert (int(counters.skipped_d), int(counters.skipped_g)) == (2, 1)
+    # a bad update moved nothing, a good one moved its network: compare the weights before its next update
+    weights = {(s, n, u): w for s, n, u, w in before}
+    order = list(weights)
+    for i, update in enumerate(order):
+        following = next((later for later in order[i + 1:] if later[1] == update[1]), None)
+        if following is not None:
+            assert torch.equal(weights[update], weights[following]) == (update in bad), update
+    guard.read()  # a new window: nothing more to count
+    assert (int(counters.skipped_d), int(counters.skipped_g)) == (2, 1)
+
+
+def test_the_guard_stops_at_the_first_bad_update_whichever_network_it_was():
+    guard, _, _ = judged_window({(2, "G", 1): "loss", (3, "D", 0): "grads"}, skip=False)
+    with pytest.raises(RunError, match=r"^generator step 2, G update: the loss is not finite \(forward\); "):
+        guard.read()
+    guard, _, _ = judged_window({(2, "G", 1): "grads", (2, "D", 1): "loss"}, skip=False)
+    with pytest.raises(RunError, match=r"^generator step 2, D update 2 of 2: the loss is not finite \(forward\); "):
+        guard.read()
 
 
 def test_skipped_updates_are_counted_per_network_and_survive_resume(tmp_path):

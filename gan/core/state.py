@@ -52,9 +52,9 @@ class StepCounters(nn.Module):
         self.g_updates.fill_(self.g)
         self.images_seen += images
 
-    def count_skipped(self, network: str) -> None:
-        """One more update of ``network`` ("G" or "D") skipped."""
-        getattr(self, f"skipped_{network.lower()}").add_(1)
+    def count_skipped(self, network: str, updates: int = 1) -> None:
+        """``updates`` more updates of ``network`` ("G" or "D") skipped."""
+        getattr(self, f"skipped_{network.lower()}").add_(updates)
 
 
 class RunningMean(nn.Module):

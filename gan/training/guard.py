@@ -2,17 +2,17 @@
 say so.
 
 After each backward and before its optimizer step (an optimizer step pre-hook the loop registers), the loss
-and the gradients are judged on the device: one fused norm over all gradients, since a non-finite
-element makes its tensor's norm non-finite. The verdict goes to the optimizer as ``found_inf``, the
-tensor torch's fused optimizers take (as GradScaler uses them): a non-finite update is skipped on the
-device -- weights, moments and step count untouched -- with no host read. The host reads the verdict
-once per logging window (``log.every`` generator steps, where the logged scalars are read anyway), and
-before any checkpoint is written:
+and the gradients are judged on the device, by torch's fused non-finite check over all of them at once.
+The verdict goes to the optimizer as ``found_inf``, the tensor torch's fused optimizers take (as GradScaler
+uses them): a non-finite update is skipped on the device -- weights, moments and step count untouched --
+with no host read. The host reads the verdicts once per logging window (``log.every`` generator steps,
+where the logged scalars are read anyway), and before any checkpoint is written:
 
 * by default the run then stops with a RunError naming the first bad generator step, the network and
   the phase; every bad update was skipped, and no checkpoint after it was written;
-* with ``train.skip_nonfinite=true`` it goes on, and the skipped updates are counted
-  (``counters.skipped_d``, ``counters.skipped_g``, logged as ``train/skipped_*``).
+* with ``train.skip_nonfinite=true`` it goes on, and the skipped updates are counted at each read
+  (``counters.skipped_d``, ``counters.skipped_g``, logged as ``train/skipped_*`` and saved in checkpoints,
+  which are written after a read).
 
 The window is the cost of not reading at every step: a diverged run is reported up to ``log.every - 1``
 generator steps late (``log.every=1`` reports at once). An optimizer that takes no ``found_inf`` (not
@@ -52,9 +52,7 @@ class NonFiniteGuard:
                  agree: Callable[[bool], bool] = lambda ok: ok):
         self.skip, self.counters, self.d_steps, self.scaler, self.agree = skip, counters, d_steps, scaler, agree
         self.loss: Tensor | None = None
-        # network -> the first bad update since the last read, coded as one integer on the device (NONE: none)
-        self.first_bad: dict[str, Tensor] = {}
-        self.flags: dict[str, Tensor] = {}  # 1.0 where the update (or its loss alone) is not finite
+        self.windows: dict[str, Window] = {}  # network -> its updates judged on the device since the last read
 
     def before_backward(self, loss: Tensor) -> None:
         self.loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
@@ -63,27 +61,14 @@ class NonFiniteGuard:
         """Before ``network``'s optimizer steps (update number ``update`` of the step, as it says)."""
         step = self.counters.g + 1
         scaler = self.scaler
-        skipped = getattr(self.counters, f"skipped_{network.lower()}")
         # Not the gradients under float16's GradScaler: non-finite ones are how it learns its scale is too
         # high, and it skips such a step itself.
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if scaler is None and takes_found_inf(optimizer):
-            device = self.loss.device
-            if network not in self.first_bad:
-                self.first_bad[network] = torch.full((), NONE, dtype=torch.long, device=device)
-                self.flags.update({name: torch.full((), value, dtype=torch.float32, device=device)
-                                   for name, value in (("one", 1.0), ("update", 0.0), ("loss", 0.0))})
-            flag, loss_flag = self.flags["update"], self.flags["loss"]
-            flag.zero_(), loss_flag.zero_()
-            # torch's fused non-finite check (GradScaler's, with a scale of 1): it sets the flag to 1 if any
-            # element of the tensors is inf or NaN, in one kernel over all of them.
-            torch._amp_foreach_non_finite_check_and_unscale_([*grads, self.loss], flag, self.flags["one"])
-            torch._amp_foreach_non_finite_check_and_unscale_([self.loss], loss_flag, self.flags["one"])
-            optimizer.found_inf = flag  # the fused step leaves everything as it was where this is 1
-            bad = flag > 0
-            code = torch.where(bad, encode(step, update, True) - loss_flag.long(), NONE)
-            torch.minimum(self.first_bad[network], code, out=self.first_bad[network])
-            skipped.add_(bad)
+            window = self.windows.get(network)
+            if window is None:
+                window = self.windows[network] = Window(self.loss.device, self.d_steps if network == "D" else 1)
+            optimizer.found_inf = window.judge(grads, self.loss, step)  # the fused step skips it where this is 1
             return
         finite = torch.isfinite(self.loss)
         if grads and scaler is None:
@@ -95,19 +80,27 @@ class NonFiniteGuard:
         if not ok:
             self.failed(network, step, update, bool(torch.isfinite(self.loss)))
             optimizer.zero_grad(set_to_none=True)  # torch's optimizers step no parameter that has no gradient
-            skipped.add_(1)
+            self.counters.count_skipped(network)
 
     def read(self) -> None:
-        """The verdicts since the last read, from the device in one transfer; then reset to "none"."""
-        if not self.first_bad:
+        """The verdicts since the last read, from the device in one transfer: the skipped updates counted,
+        the first bad one reported; then a new window."""
+        if not self.windows:
             return
-        networks = list(self.first_bad)
-        codes = torch.stack([self.first_bad[n] for n in networks]).tolist()
-        for first in self.first_bad.values():
-            first.fill_(NONE)
-        bad = sorted((code, network) for code, network in zip(codes, networks) if code != NONE)
+        networks = list(self.windows)
+        tallies = torch.stack([self.windows[n].tally for n in networks]).tolist()
+        bad = []
+        for network, (skipped, _, from_first_bad, from_first_bad_loss) in zip(networks, tallies):
+            window = self.windows[network]
+            if skipped:
+                self.counters.count_skipped(network, int(skipped))
+                step, update = window.first_bad(int(from_first_bad))
+                # its loss was bad if the first bad loss came with it (a bad loss makes its update bad)
+                bad.append((step, network == "G", update, network, from_first_bad != from_first_bad_loss))
+            window.reset()
         if bad:
-            self.failed(bad[0][1], *decode(bad[0][0]))
+            step, _, update, network, loss_finite = min(bad)  # the first to run: a step's D updates run before G's
+            self.failed(network, step, update, loss_finite)
 
     def failed(self, network: str, step: int, update: int, loss_finite: bool) -> None:
         d_steps = self.d_steps
@@ -120,13 +113,43 @@ class NonFiniteGuard:
         log.warning(f"skipped {where}: {what} (train.skip_nonfinite)")
 
 
-NONE = 2**62  # "no bad update": larger than any code
+class Window:
+    """One network's updates judged on the device since the last read (``per_step`` of them a generator step),
+    in five operations an update and no host read: the update's two flags (its loss and gradients; its loss
+    alone), whether any update since the last read raised each, and a running tally of all four, from which
+    the read tells how many updates were bad, which came first, and whether its loss was finite."""
 
+    def __init__(self, device: torch.device, per_step: int):
+        self.per_step = per_step
+        # One buffer, zeroed in one call: [bad update, bad loss, seen: bad update, seen: bad loss] (1.0: so),
+        # then their tally [skipped updates, bad losses, updates from the first bad one on, from the first bad
+        # loss on] (float32: exact counts up to 2**24 updates a window).
+        self.state = torch.zeros(8, dtype=torch.float32, device=device)
+        self.flags, self.tally = self.state[:4], self.state[4:]
+        self.now, self.seen = self.flags[:2], self.flags[2:]
+        self.bad_update, self.bad_loss = self.flags[0], self.flags[1]  # views made once: a view is an operation too
+        self.one = torch.ones((), device=device)
+        self.judged, self.first_step = 0, 0  # host numbers: the updates judged, and the generator step of the first
 
-def encode(step: int, update: int, loss_finite: bool) -> int:
-    """An update as one integer that orders as the updates ran: generator step, D update in it (< 2**10)."""
-    return (step * 2**10 + update) * 2 + loss_finite
+    def judge(self, grads: list[Tensor], loss: Tensor, step: int) -> Tensor:
+        """Flag one update of generator step ``step``; returns its verdict as ``found_inf`` (1.0: skip it)."""
+        if self.judged == 0:
+            self.first_step = step
+        self.judged += 1
+        self.now.zero_()
+        # torch's fused non-finite check (GradScaler's, with a scale of 1): it sets a flag to 1 if any
+        # element of the tensors is inf or NaN, in one kernel over all of them.
+        torch._amp_foreach_non_finite_check_and_unscale_([*grads, loss], self.bad_update, self.one)
+        torch._amp_foreach_non_finite_check_and_unscale_([loss], self.bad_loss, self.one)
+        torch.maximum(self.seen, self.now, out=self.seen)  # 1 from the first bad update on
+        self.tally.add_(self.flags)
+        return self.bad_update
 
+    def first_bad(self, from_first_bad: int) -> tuple[int, int]:
+        """The (generator step, update in it) of the first bad update, given how many ran from it on."""
+        step, update = divmod(self.judged - from_first_bad, self.per_step)
+        return self.first_step + step, update
 
-def decode(code: int) -> tuple[int, int, bool]:
-    return code // 2**11, code // 2 % 2**10, bool(code % 2)
+    def reset(self) -> None:
+        self.state.zero_()
+        self.judged = 0
