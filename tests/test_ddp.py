@@ -74,8 +74,8 @@ def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
     real_mean, fake_mean = RunningMean(), RunningMean()
     ada = Augment(["translation"], p=0.5, adaptive=True, interval=4, speed_images=640)
     for step in range(STEPS):
-        real_mean.update(real[step])
-        fake_mean.update(fake[step])
+        real_mean.update(real[step].mean())
+        fake_mean.update(fake[step].mean())
         ada.accumulate(real[step])
         if (step + 1) % ada.interval == 0:
             ada.adjust(BATCH * RANKS)

@@ -80,10 +80,15 @@ def test_counters_start_at_zero():
 
 def test_running_mean_starts_at_first_value_then_decays():
     mean = RunningMean(decay=0.9)
-    mean.update(torch.tensor([2.0, 4.0]))
-    assert mean.value.item() == pytest.approx(3.0)
-    mean.update(torch.tensor([13.0]))
-    assert mean.value.item() == pytest.approx(0.9 * 3.0 + 0.1 * 13.0)
+    no = torch.tensor(False)
+    mean.update(torch.tensor(float("nan")), keep=no)  # refused before the first value: still no start
+    assert (mean.value.item(), mean.count.item()) == (0.0, 0)
+    mean.update(torch.tensor(3.0), keep=torch.tensor(True))
+    assert mean.value.item() == 3.0  # set, not pulled from zero
+    mean.update(torch.tensor(float("inf")), keep=no)
+    assert (mean.value.item(), mean.count.item()) == (3.0, 1)
+    mean.update(torch.tensor(13.0))
+    assert mean.value.item() == pytest.approx(0.9 * 3.0 + 0.1 * 13.0) and mean.count.item() == 2
 
 
 def test_ema_copies_during_warmup_then_averages_with_ramped_decay():
@@ -102,6 +107,22 @@ def test_ema_copies_during_warmup_then_averages_with_ramped_decay():
     assert torch.equal(ema.generator[1].running_mean, g[1].running_mean)  # BatchNorm stats: copied
     ema.update(g, g_step=4)  # second: min(0.999, 2/11)
     assert torch.allclose(ema.generator[0].weight, torch.full((2, 2), 2 / 11 * 2.8 + 9 / 11 * 3.0))
+
+
+def test_ema_follows_its_buffers_through_to():
+    """.to() replaces buffers (the average's weights among them): the update must average into the new ones."""
+    g = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    ema = EMAGenerator(g, decay=0.5)
+    ema.update(g, g_step=1)  # the pairs of tensors are found here, before the move
+    both = torch.nn.ModuleDict({"G": g, "ema": ema}).to(torch.float64)
+    with torch.no_grad():
+        g[0].weight.fill_(4.0), ema.generator[0].weight.fill_(2.0)
+        g[1].running_mean.fill_(7.0)
+    ema.update(both["G"], g_step=2)
+    assert ema.generator[0].weight.dtype == torch.float64
+    moved = 2.0 + (1 - 2 / 11) * (4.0 - 2.0)  # the ramp's second update: decay min(0.5, 2/11)
+    assert torch.allclose(ema.generator[0].weight, torch.full((2, 2), moved, dtype=torch.float64))
+    assert torch.equal(ema.generator[1].running_mean, torch.full((2,), 7.0, dtype=torch.float64))
 
 
 def test_counter_mirrors_follow_counting_and_loading():

@@ -102,7 +102,8 @@ class Objective(nn.Module):
         nonfinite, one = (torch.full((), v, dtype=torch.float32, device=d.loss.device) for v in (0.0, 1.0))
         torch._amp_foreach_non_finite_check_and_unscale_(list(d), nonfinite, one)
         finite = nonfinite == 0
-        self.d_real_mean.update(d.real_logits, finite)
-        self.d_fake_mean.update(d.fake_logits, finite)
+        real, fake = d.real_logits.mean(), d.fake_logits.mean()
+        self.d_real_mean.update(real, finite)
+        self.d_fake_mean.update(fake, finite)
         if self.augment is not None:
             self.augment.accumulate(d.real_logits, finite)

@@ -68,8 +68,8 @@ class R1R2(R1):
         if not self.needs_input_grad(d_step):
             return None
         # Both input gradients from one inner backward: a second call would cost the engine's fixed overhead again.
-        grads = input_gradients((real_logits, fake_logits), (real, fake), scale)
-        return self.gamma / 2 * self.every * sum(squared_norm(grad) for grad in grads)
+        real_grad, fake_grad = input_gradients((real_logits, fake_logits), (real, fake), scale)
+        return self.gamma / 2 * self.every * (squared_norm(real_grad) + squared_norm(fake_grad))
 
 
 class LeCam(Regularizer):
