@@ -29,8 +29,8 @@ class Interrupted(KeyboardInterrupt):
 
 class StoppedAtOnce(SystemExit):
     """A second stopping signal: training stopped where it was, without a checkpoint of that step. A
-    SystemExit, which Lightning lets through after its cleanup (a KeyboardInterrupt it would turn into exit
-    code 1); ``code`` is 128 + the signal's number, ``message`` says what to resume from."""
+    SystemExit, so that the loop's cleanup (its ``finally``) still runs and no handler on the way takes it
+    for an error; ``code`` is 128 + the signal's number, ``message`` says what to resume from."""
 
     def __init__(self, message: str, code: int):
         super().__init__(code)

@@ -23,8 +23,8 @@ class StepCounters(nn.Module):
     skipped for a non-finite loss or gradient (``train.skip_nonfinite``; those count as updates too).
 
     Buffers rather than Python ints so they travel inside ``state_dict()`` with the weights they
-    describe; Lightning's ``global_step`` counts every optimizer step (G and D alike), so it cannot say
-    how many generator updates a run has made.
+    describe; one count of optimizer steps (G's and D's alike) could not say how many generator updates
+    a run has made.
 
     ``g`` and ``d`` mirror the two step buffers as Python ints for the hot path: reading a buffer that
     lives on a GPU (``int(tensor)``) makes the host wait for the device, several times a step. The
@@ -91,7 +91,7 @@ class EMAGenerator(nn.Module):
 
     Written by hand rather than with ``torch.optim.swa_utils.AveragedModel``: that class keeps the
     average as ``nn.Parameter``s (``requires_grad=True``) of a submodule, so they appear in the
-    LightningModule's ``parameters()``, where DDP registers them and reports them as unused every
+    run module's ``parameters()``, where DDP registers them and reports them as unused every
     step. Here the copy's parameters are re-registered as buffers: the average is in ``state_dict()``
     and follows ``.to()``, yet no optimizer, gradient clip or DDP reducer can see it.
 

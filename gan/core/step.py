@@ -16,8 +16,8 @@ What the networks minimise is passed in (gan/core/objective.py builds both from 
 ``k`` (0-based), and ``g_loss(D, fake, real, labels) -> loss`` (``real``: for a relativistic loss, which
 scores each fake against a real sample). ``G`` and ``D`` are the modules the step runs:
 under ``trainer=ddp`` their DistributedDataParallel wrappers, each of whose backwards all-reduces the
-network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or Lightning's
-``manual_backward``, which adds mixed-precision loss scaling. ``phase(name)`` says which part of the
+network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or the loop's, which scales the loss first
+under float16. ``phase(name)`` says which part of the
 step runs (:data:`gan.core.phases.PHASES`): the loop's hook keeps a record of it (:class:`gan.core.phases.StepPhases`),
 which the audit and the non-finite guard read, and tells the timer.
 """

@@ -1,4 +1,4 @@
-"""Datasets and the LightningDataModule that feeds the GAN.
+"""The datasets that feed the GAN.
 
 Every dataset is a map-style dataset of ``(x, label)`` with ``x`` in [-1, 1] (images) or in data
 coordinates (2D mixtures); ``label`` is -1 where a dataset has none. Batches come from

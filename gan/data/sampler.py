@@ -15,7 +15,7 @@ class StepBatchSampler(Sampler[list[int]]):
 
     Batch ``s`` is a pure function of ``(seed, s)``: epochs are seeded permutations of the dataset laid
     end to end, and step ``s`` takes its slice of them. Resuming at step ``s`` therefore continues the
-    exact data order, which a plain shuffled DataLoader cannot do (Lightning would restart the epoch).
+    exact data order, which a plain shuffled DataLoader cannot do (it restarts the epoch).
     Under DDP each rank takes its own share of one global batch.
     """
 
@@ -48,7 +48,7 @@ class StepBatchSampler(Sampler[list[int]]):
         return self.indices(step).tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Endless: Lightning stops at trainer.max_steps, and no epoch boundary ever restarts the order.
+        # Endless: the loop stops at trainer.max_steps, and no epoch boundary ever restarts the order.
         for step in itertools.count(self.start_step):
             yield self.indices_for_step(step)
 

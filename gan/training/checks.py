@@ -174,8 +174,8 @@ def check_resumable(module: GANModule, cfg: DictConfig) -> list[Change]:
     an unsafe one, one of other networks, or one trained with another objective or data (unless
     resume.allow_changes). Returns what the resume changes (gan/training/resume.py).
 
-    The file is read here once more than Lightning reads it (weights_only, on the CPU): Lightning's
-    own errors for such files are tracebacks, and for other networks a list of every tensor.
+    The file is read here (weights_only, on the CPU) before the loop reads it to restore: torch's own errors
+    for such files are tracebacks, and for other networks a list of every tensor.
     """
     ckpt_path = cfg.ckpt_path
     checkpoint = read_checkpoint(ckpt_path, "ckpt_path")
