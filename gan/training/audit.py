@@ -175,16 +175,18 @@ class AutogradAudit:
             if p.grad is not None:
                 raise AuditError(f"{phase}.{name} already holds a gradient before the {phase} backward: it "
                                  "would be added to, not replaced; call zero_grad(set_to_none=True) first")
-        self.g_grads, self.d_grads = snapshot(grads(self.module.G)), snapshot(grads(self.module.D))
+        # The other network's gradients, which this backward must leave as they are (checked before the step).
+        other = self.module.G if phase == "D" else self.module.D
+        self.other_grads = snapshot(grads(other))
 
     def check_d_update(self) -> None:
-        changed = first_difference(self.g_grads, grads(self.module.G))
+        changed = first_difference(self.other_grads, grads(self.module.G))
         if changed:
             raise AuditError(f"D update changed the gradient of G.{changed}: the D loss must use fake.detach()")
         require_gradients(self.module.D, "D", "")
 
     def check_g_update(self) -> None:
-        changed = first_difference(self.d_grads, grads(self.module.D))
+        changed = first_difference(self.other_grads, grads(self.module.D))
         if changed:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
         require_gradients(self.module.G, "G", ": the G loss must reach every weight of G through the undetached fake")
