@@ -89,17 +89,18 @@ def test_unconditional_recipes_are_not_told_the_structure_of_their_data(preset):
     assert cfg.model.codes == 0 and not cfg.model.conditional
 
 
-def test_ring_recipe_covers_the_ring_after_600_steps(tmp_path):
+def test_ring_recipe_covers_the_ring_after_2000_steps(tmp_path):
     run_dir = tmp_path / "ring"
-    assert run_main("train", "experiment=ring", "trainer.max_steps=600", "ema.decay=0.99", "log.sample_every=600",
-                    "checkpoint.every=600", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}") == 0
+    assert run_main("train", "experiment=ring", "trainer.max_steps=2000", "ema.decay=0.99", "log.sample_every=2000",
+                    "checkpoint.every=2000", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}") == 0
     assert run_main("evaluate", f"run_dir={run_dir}") == 0
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
-    # Seed 0 covers 8 of 8 modes at this step (reverse KL 0.002); the floor leaves room for other CPUs.
+    # Seed 0 covers 7-8 of 8 modes at this step (reverse KL 0.007-0.016 on 1 or 2 threads; at 1,500 steps it
+    # still covers 1); the floor leaves room for other CPUs.
     assert metrics["modes"] >= 7 and metrics["reverse_kl"] < 0.05
-    # Its clusters are still wider than the data's here (spread 1.5 at seed 0): a recipe that shrinks each
-    # mode towards a point, which the high-quality share rewards, falls under this floor.
-    assert metrics["spread_min"] >= 0.8
+    # Its clusters are still wider than the data's here (median mode 1.33, narrowest 0.71-1.10 at seed 0): a
+    # recipe that learns each mode as a near point (0.1-0.2, the earlier latent-code recipes) falls under these.
+    assert metrics["spread"] >= 0.8 and metrics["spread_min"] >= 0.5
 
 
 @pytest.mark.parametrize("name, data, folder, shape, told", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -99,3 +101,20 @@ def test_g_condition_is_one_of_none_classes_or_a_code_and_its_labels_follow_what
         assert Condition.from_dict(condition.as_dict()) == condition
     with pytest.raises(ConfigError, match="needs labelled data.*use model.conditional=false"):
         g_condition(MLP | {"conditional": True}, 0)
+
+
+def test_fourier_features_of_d_are_a_fixed_buffer_of_the_configured_width_and_scale():
+    torch.manual_seed(0)
+    _, d = build_models(MLP | {"d_fourier": 256, "d_fourier_scale": 15.0}, z_dim=4, shape=(2,))
+    features = dict(d.named_buffers())["net.1.frequencies"]
+    assert features.shape == (2, 256) and not features.requires_grad
+    assert "net.1.frequencies" in d.state_dict()  # saved with D, so a resume sees the same features
+    # 2 pi times N(0, 15^2) entries: their rms is 2 pi 15 up to sampling (512 draws: within 10 %)
+    assert abs(features.pow(2).mean().sqrt().item() / (2 * math.pi * 15) - 1) < 0.1
+    x = torch.tensor([[0.3, -0.2]])
+    phases = x @ features
+    expected = torch.cat((x, phases.sin(), phases.cos()), dim=1)
+    assert torch.allclose(d.net[1](x), expected)
+    assert d.net[2].in_features == 2 + 2 * 256 and d(x).shape == (1,)
+    _, plain = build_models(MLP, z_dim=4, shape=(2,))
+    assert not list(plain.buffers()) and plain.net[1].in_features == 2

@@ -76,11 +76,30 @@ class MLPGenerator(nn.Module):
         return self.net(z).view(-1, *self.shape)
 
 
-class MLPDiscriminator(nn.Module):
-    def __init__(self, in_features: int, hidden: int, layers: int, outputs: int = 1):
+class FourierFeatures(nn.Module):
+    """x -> (x, sin 2 pi x B, cos 2 pi x B), B an (in_features, n) matrix of N(0, scale^2) entries drawn once
+    (Tancik et al. 2020): a few coordinates fed to an MLP as they are give it only coarse functions of them,
+    and with these it can resolve structure about 1 / scale wide. B is a buffer: fixed, saved, moved by .to()."""
+
+    def __init__(self, in_features: int, n: int, scale: float):
         super().__init__()
-        dims = [in_features] + [hidden] * layers
+        self.register_buffer("frequencies", torch.randn(in_features, n) * (2 * math.pi * scale))
+        self.out_features = in_features + 2 * n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        phases = x @ self.frequencies
+        return torch.cat((x, phases.sin(), phases.cos()), dim=1)
+
+
+class MLPDiscriminator(nn.Module):
+    def __init__(self, in_features: int, hidden: int, layers: int, outputs: int = 1, fourier: int = 0,
+                 fourier_scale: float = 1.0):
+        super().__init__()
         blocks: list[nn.Module] = [nn.Flatten()]
+        if fourier:
+            blocks.append(FourierFeatures(in_features, fourier, fourier_scale))
+            in_features = blocks[-1].out_features
+        dims = [in_features] + [hidden] * layers
         for a, b in zip(dims[:-1], dims[1:]):
             blocks += [nn.Linear(a, b), nn.LeakyReLU(0.2)]
         blocks.append(nn.Linear(dims[-1], outputs))
@@ -255,7 +274,8 @@ def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
     outputs = 1 + num_classes if classifier else 1
     if model_cfg["name"] == "mlp":
         d_in = (shape[0] + condition_channels) * math.prod(shape[1:])
-        d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"], outputs)
+        d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"], outputs,
+                             model_cfg.get("d_fourier", 0), model_cfg.get("d_fourier_scale", 1.0))
     else:
         channels, size = shape[0], shape[1]
         d = DCGANDiscriminator(channels + condition_channels, size, model_cfg["width"],

@@ -85,6 +85,8 @@ class Model:
     d_batchnorm: bool = MISSING
     hidden: int = key(least=1, meaning="model=mlp's units per hidden layer")  # mlp
     layers: int = key(least=0, meaning="model=mlp's hidden layers")
+    d_fourier: int = key(least=0, meaning="model=mlp's Fourier features of D's input (0: none)", before=0)
+    d_fourier_scale: float = key(before=1.0)
 
 
 @dataclass
