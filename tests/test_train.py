@@ -90,7 +90,7 @@ def test_ring_run_writes_scatter_plots(ring_run):
     assert [e.step for e in events.Scalars("loss/d")] == [2, 4, 6]
     assert (ring_run / "samples" / "step_000006.png").stat().st_size > 1000
     ckpt = torch.load(ring_run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["state_dict"]["sample_noise"].shape == (2500, 64)
+    assert ckpt["state_dict"]["sample_noise"].shape == (2500, 2)  # log.num_points of the ring recipe's 2D noise
     assert ckpt["hyper_parameters"]["cfg"]["loss"]["name"] == "hinge"
 
 
