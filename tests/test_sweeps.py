@@ -61,8 +61,9 @@ def test_a_two_job_joblib_multirun_shares_the_cores(tmp_path, importable_worktre
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep = tmp_path / "sweep"
     try:
-        code = run_train(tmp_path / "unused", "-m", "launcher=joblib", "experiment=ring", "seed=1,2",
-                         f"hydra.sweep.dir={sweep}")
+        # train.threads=null: the ring recipe's own 1 would win over the launcher's share of the cores
+        code = run_train(tmp_path / "unused", "-m", "launcher=joblib", "experiment=ring", "train.threads=null",
+                         "seed=1,2", f"hydra.sweep.dir={sweep}")
     finally:
         from joblib.externals.loky import get_reusable_executor
 
