@@ -14,12 +14,12 @@ import gan.core.step
 import gan.run.build
 import gan.run.module
 import gan.training.loop
-from gan.core.audit import AuditError, check_plain_numbers
+from gan.core.audit import AuditError, check_plain_numbers, snapshot
 from gan.core.models import UNCONDITIONAL
 from gan.core.objective import Objective
 from gan.run.build import build_module
 from gan.run.module import GANModule
-from gan.training.audit import expected_to_change
+from gan.training.audit import expected_to_change, first_changed_grad, grad_versions
 from gan.training.loop import train
 
 
@@ -238,3 +238,31 @@ def test_logged_values_must_be_plain_numbers():
         check_plain_numbers({"loss/g": torch.tensor(0.5, requires_grad=True)})
     with pytest.raises(AuditError, match="'loss/d' is float nan"):
         check_plain_numbers({"loss/d": float("nan")})
+
+
+def test_a_backward_into_a_recorded_gradient_is_named_without_copying_it():
+    """The D update's check on G's gradients reads identities and version counters: a backward that adds to
+    an existing gradient (a second step without detach) or creates one is caught; no backward is not."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    net(x).sum().backward()
+    recorded = grad_versions(net)
+    assert first_changed_grad(recorded, net) is None
+    net(x).sum().backward()  # accumulates in place into every .grad
+    assert first_changed_grad(recorded, net) == "0.weight"
+    net.zero_grad(set_to_none=True)
+    recorded = grad_versions(net)
+    net[1](torch.randn(2, 4)).sum().backward()  # only the second layer gets a gradient
+    assert first_changed_grad(recorded, net) == "1.weight"
+
+
+def test_a_snapshot_reuses_its_memory_only_for_the_same_shapes():
+    weights = {"w": torch.randn(3, 2), "b": None}
+    first = snapshot(weights)
+    weights["w"].add_(1.0)
+    again = snapshot(weights, first)
+    assert again is first and torch.equal(again["w"], weights["w"]) and again["b"] is None
+    again["w"].add_(1.0)  # a copy, not the tensor itself
+    assert not torch.equal(again["w"], weights["w"])
+    grown = snapshot({"w": torch.randn(4, 2), "b": None}, first)
+    assert grown is not first and grown["w"].shape == (4, 2)

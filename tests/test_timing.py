@@ -162,3 +162,18 @@ def test_under_the_pytorch_profiler_each_phase_is_a_labelled_range(tmp_path):
     trace = (tmp_path / "profile" / "rank0" / "trace.json").read_text()
     assert all(f'"gan/{phase}"' in trace for phase in PHASES if phase not in ("data", "callbacks"))
     assert "gan_step" not in trace and (tmp_path / "profile" / "rank0" / "operators.txt").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the claim is about machines without a GPU")
+def test_the_prepared_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
+    """benchmarks/cuda_checks.sh, the one command a lent GPU runs, says there is no GPU, exits 3 and runs nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "cuda_checks.sh"), str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and "need a GPU" in done.stderr
+    assert list((tmp_path / "out").iterdir()) == []

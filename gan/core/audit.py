@@ -16,7 +16,17 @@ class AuditError(AssertionError):
     """The training code broke an autograd rule this project relies on."""
 
 
-def snapshot(tensors: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
+def snapshot(tensors: dict[str, Tensor | None],
+             reuse: dict[str, Tensor | None] | None = None) -> dict[str, Tensor | None]:
+    """A copy of ``tensors``. ``reuse``: an earlier snapshot of the same names, shapes and dtypes, copied into
+    in place of new memory (an audit that snapshots the same weights every step allocates nothing)."""
+    if reuse is not None and reuse.keys() == tensors.keys() and all(
+            (old is None) == (t is None) and (t is None or (old.shape == t.shape and old.dtype == t.dtype))
+            for old, t in zip(reuse.values(), tensors.values())):
+        for old, t in zip(reuse.values(), tensors.values()):
+            if t is not None:
+                old.copy_(t.detach())
+        return reuse
     return {name: None if t is None else t.detach().clone() for name, t in tensors.items()}
 
 

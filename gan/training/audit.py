@@ -39,8 +39,20 @@ from gan.core.audit import AuditError, first_difference, snapshot
 from gan.core.phases import StepPhases
 
 
-def grads(module: nn.Module) -> dict[str, Tensor | None]:
-    return {name: p.grad for name, p in module.named_parameters()}
+def grad_versions(module: nn.Module) -> dict[str, tuple[Tensor, int] | None]:
+    """Each parameter's gradient and its version counter (None: no gradient). A backward that reaches a
+    parameter either creates its gradient or adds to it in place, which bumps the counter: comparing these
+    catches it exactly, without copying the gradients."""
+    return {name: None if p.grad is None else (p.grad, p.grad._version) for name, p in module.named_parameters()}
+
+
+def first_changed_grad(before: dict[str, tuple[Tensor, int] | None], module: nn.Module) -> str | None:
+    """Name of the first parameter of ``module`` whose gradient is not the one recorded in ``before``."""
+    for name, now in grad_versions(module).items():
+        old = before[name]
+        if (old is None) != (now is None) or (old is not None and (now[0] is not old[0] or now[1] != old[1])):
+            return name
+    return None
 
 
 def expected_to_change(D: nn.Module) -> set[str]:
@@ -73,6 +85,12 @@ class AutogradAudit:
         self.updates = {id(opt_g): "G", id(opt_d): "D"}
         self.steps = {"G": 0, "D": 0}
         parameters = {f"{n}.{name}": p for n in "GD" for name, p in getattr(module, n).named_parameters()}
+        self.names = {id(p): name for name, p in parameters.items()}  # the networks' parameters do not change
+        self.ids = {n: {id(p) for p in getattr(module, n).parameters()} for n in "GD"}
+        self.submodules = {n: list(getattr(module, n).named_modules()) for n in "GD"}
+        self.allowed = expected_to_change(module.D)
+        self.weights: dict[str, dict[str, Tensor | None]] = {}
+        self.d_state: dict[str, Tensor | None] | None = None
         self.flags = {name: p.requires_grad for name, p in parameters.items()}
         self.frozen = {name: p for name, p in parameters.items() if not p.requires_grad}
         self.frozen_weights = snapshot(self.frozen)
@@ -96,7 +114,7 @@ class AutogradAudit:
             phase = self.phases.current
             if phase not in ("g_forward", "d_forward_backward"):
                 return  # sampling and metrics, outside the step: eval mode there
-            for sub, m in module.named_modules():
+            for sub, m in self.submodules[name]:
                 if not m.training:
                     raise AuditError(f"{name}.{sub or '<root>'} ran a training forward in eval mode (phase {phase}): "
                                      "training runs G and D in train mode; only sampling uses eval mode "
@@ -119,16 +137,14 @@ class AutogradAudit:
             self.check_g_update()
         module = getattr(self.module, network)
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        names = {id(p): f"{network}.{n}" for n, p in module.named_parameters()}
-        other = "D" if network == "G" else "G"
-        others = {id(p): f"{other}.{q}" for q, p in getattr(self.module, other).named_parameters()}
-        for key in held - names.keys():
-            raise AuditError(f"{network}'s optimizer holds {others.get(key, 'a parameter')}, which is not {network}'s")
+        for key in held - self.ids[network]:
+            raise AuditError(f"{network}'s optimizer holds {self.names.get(key, 'a parameter')}, which is not "
+                             f"{network}'s")
         for n, p in module.named_parameters():
             if p.requires_grad and id(p) not in held:
                 raise AuditError(f"{network}'s optimizer does not hold {network}.{n}: the {network} update cannot "
                                  "move it")
-        self.weights = snapshot(dict(module.named_parameters()))
+        self.weights[network] = snapshot(dict(module.named_parameters()), self.weights.get(network))
         gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         # All zero (a D so sure of itself that the G loss saturates): an update with nothing to apply.
         self.has_gradient = bool(gradients) and bool(torch.stack(torch._foreach_norm(gradients)).any())
@@ -140,14 +156,14 @@ class AutogradAudit:
         module = getattr(self.module, network)
         found_inf = kwargs.get("found_inf", getattr(optimizer, "found_inf", None))  # the guard's (or GradScaler's)
         skipped = found_inf is not None and bool(found_inf.item())
-        moved = first_difference(self.weights, dict(module.named_parameters())) is not None
+        moved = first_difference(self.weights[network], dict(module.named_parameters())) is not None
         if self.has_gradient and not skipped and not moved:
             lrs = sorted({group["lr"] for group in optimizer.param_groups})
             raise AuditError(f"the {network} update moved none of {network}'s weights (learning rate {lrs}): "
                              f"its optimizer must step {network}'s parameters with their gradients")
         if network == "D" and self.phases.d_update == self.module.d_steps - 1:
             D = self.module.D
-            self.d_state = snapshot({**dict(D.named_parameters()), **dict(D.named_buffers())})
+            self.d_state = snapshot({**dict(D.named_parameters()), **dict(D.named_buffers())}, self.d_state)
 
     def check_frozen(self, network: str) -> None:
         """After ``network``'s update: frozen parameters unmoved and without gradients, every flag as it was."""
@@ -177,16 +193,16 @@ class AutogradAudit:
                                  "would be added to, not replaced; call zero_grad(set_to_none=True) first")
         # The other network's gradients, which this backward must leave as they are (checked before the step).
         other = self.module.G if phase == "D" else self.module.D
-        self.other_grads = snapshot(grads(other))
+        self.other_grads = grad_versions(other)
 
     def check_d_update(self) -> None:
-        changed = first_difference(self.other_grads, grads(self.module.G))
+        changed = first_changed_grad(self.other_grads, self.module.G)
         if changed:
             raise AuditError(f"D update changed the gradient of G.{changed}: the D loss must use fake.detach()")
         require_gradients(self.module.D, "D", "")
 
     def check_g_update(self) -> None:
-        changed = first_difference(self.other_grads, grads(self.module.D))
+        changed = first_changed_grad(self.other_grads, self.module.D)
         if changed:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
         require_gradients(self.module.G, "G", ": the G loss must reach every weight of G through the undetached fake")
@@ -199,8 +215,7 @@ class AutogradAudit:
                 raise AuditError(f"{network}'s optimizer stepped {self.steps[network]} times in a generator step, "
                                  f"not {count}: the step must call its step() once per {network} update")
         D = self.module.D
-        allowed = expected_to_change(D)
-        kept = {name: t for name, t in self.d_state.items() if name not in allowed}
+        kept = {name: t for name, t in self.d_state.items() if name not in self.allowed}
         changed = first_difference(kept, {**dict(D.named_parameters()), **dict(D.named_buffers())})
         if changed:
             raise AuditError(f"G update changed D.{changed}: only BatchNorm running statistics and "
