@@ -1,12 +1,15 @@
-"""train.py end to end: real Hydra, a real Lightning Trainer, real files and TensorBoard events."""
+"""train.py end to end: real Hydra, the real training loop on Fabric, real files and TensorBoard events."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 import torch
-from conftest import ROOT, TINY, read_events, run_train
+from conftest import ROOT, TINY, compose_config, read_events, run_train
+
+from gan.training.loop import train
 
 EXPECTED_SCALARS = {"loss/d", "loss/g", "d/real", "d/fake", "grad_norm/g", "grad_norm/d"}
 
@@ -184,3 +187,29 @@ def test_multirun_gives_one_run_directory_each(tmp_path):
     for run in runs:
         assert (tmp_path / "sweep" / run / "checkpoints" / "last.ckpt").is_file()
         assert "loss/d" in read_events(tmp_path / "sweep" / run / "tensorboard").Tags()["scalars"]
+
+
+@pytest.mark.parametrize("precision,warned", [("bf16-mixed", True), ("32-true", False)])
+def test_bf16_on_a_cpu_without_bf16_units_warns_and_names_the_fix(tmp_path, monkeypatch, caplog, precision, warned):
+    # This machine's CPU has AMX: a CPU without bf16 units cannot exist here, so torch's checks say it is one.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cfg = compose_config("debug=tiny", "trainer.max_steps=1", "trainer.enable_progress_bar=false",
+                         f"trainer.precision={precision}", run_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="gan.training.loop"):
+        train(cfg)
+    lines = [r.getMessage() for r in caplog.records if "bf16" in r.getMessage()]
+    # following the advice (32-true) trains without the warning
+    assert lines == ([f"trainer.precision={precision} on a CPU without AVX512-BF16 or AMX instructions: bf16 "
+                      "convolutions may run several times slower than float32 here; add trainer.precision=32-true "
+                      "to train in float32"] if warned else [])
+
+
+def test_bf16_on_this_cpu_with_bf16_units_trains_without_the_warning(tmp_path, caplog):
+    if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        pytest.skip("this CPU has no bf16 units")
+    cfg = compose_config("debug=tiny", "trainer.max_steps=1", "trainer.enable_progress_bar=false",
+                         "trainer.precision=bf16-mixed", run_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="gan.training.loop"):
+        train(cfg)
+    assert not [r for r in caplog.records if "bf16" in r.getMessage()]

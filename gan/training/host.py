@@ -47,3 +47,16 @@ def torch_threads(threads: int | None) -> tuple[int | None, str]:
     jobs = int(launcher.get("n_jobs", -1))
     jobs = max(cores + 1 + jobs, 1) if jobs < 0 else jobs
     return max(cores // jobs, 1), f"{cores} cores shared by hydra.launcher.n_jobs={jobs} jobs"
+
+
+def slow_bf16_warning(device: torch.device, precision: str) -> str | None:
+    """A line to warn with when bf16 autocast would slow this run down: on a CPU without bf16 instructions
+    (AVX512-BF16 or AMX) every bf16 convolution is emulated, several times slower than float32 (measured on
+    an AMD EPYC: docs/results.md). None when it would not. ``torch.cpu``'s checks are the ones its x86
+    kernels dispatch on; on other CPUs they answer False, hence "may" in the line."""
+    if device.type != "cpu" or not precision.startswith("bf16"):
+        return None
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return None
+    return (f"trainer.precision={precision} on a CPU without AVX512-BF16 or AMX instructions: bf16 convolutions may "
+            "run several times slower than float32 here; add trainer.precision=32-true to train in float32")

@@ -41,7 +41,7 @@ from gan.run.settings import EvalSettings
 from gan.training.audit import AutogradAudit
 from gan.training.checks import SEPARATE_DDP, check_resumable, check_run_dir, check_writable, validate
 from gan.training.guard import NonFiniteGuard
-from gan.training.host import launched_by, no_gpu_probe_per_step, torch_threads
+from gan.training.host import launched_by, no_gpu_probe_per_step, slow_bf16_warning, torch_threads
 from gan.training.loggers import build_loggers, summary_writer
 from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
 from gan.training.profiling import build_profiler
@@ -108,6 +108,8 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     if fabric.is_global_zero:
         log.info(f"networks:\n{describe_networks(module)}")
     precision = fabric.strategy.precision
+    if fabric.is_global_zero and (warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision))):
+        log.warning(warning)
     if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
     module = precision.convert_module(module).to(fabric.device)  # *-true precisions: the weights in that dtype
