@@ -21,7 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gan.training.compose import compose  # noqa: E402
 from gan.training.loop import Probe, train  # noqa: E402
-from tools.blocks import write_block  # noqa: E402
+from tools.blocks import recipe_inputs, write_block  # noqa: E402
+
+INPUTS = ["gan", *recipe_inputs("digits"), "benchmarks/audit_overhead.py"]  # a change: stale block
 
 
 class StepTimes(Probe):
@@ -67,7 +69,7 @@ def main() -> None:
     print(text)
     if args.write:
         command = "python benchmarks/audit_overhead.py " + " ".join(sys.argv[1:])
-        write_block(args.write, "audit", text, command, ["gan", "configs", "benchmarks/audit_overhead.py"])
+        write_block(args.write, "audit", text, command, INPUTS)
         print(f"wrote the table into {args.write}")
 
 

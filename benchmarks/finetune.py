@@ -44,7 +44,9 @@ from gan.data.datasets import build_dataset, data_shape  # noqa: E402
 from gan.run.build import build_module  # noqa: E402
 from gan.run.finetune import freeze_networks  # noqa: E402
 from gan.training.compose import compose  # noqa: E402
-from tools.blocks import write_block  # noqa: E402
+from tools.blocks import recipe_inputs, write_block  # noqa: E402
+
+INPUTS = ["gan", *recipe_inputs("mnist"), "benchmarks/finetune.py", "benchmarks/images.py"]  # a change: stale block
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE, TARGET = "[0,1,2,3,4]", "[5,6,7,8,9]"
@@ -158,7 +160,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     command = "python benchmarks/finetune.py " + " ".join(sys.argv[1:])
-    write_block(args.write, "finetune", text, command, ["gan", "configs", "benchmarks/finetune.py"])
+    write_block(args.write, "finetune", text, command, INPUTS)
     print(f"wrote the table into {args.write}")
 
 

@@ -55,7 +55,7 @@ from gan.run.settings import EvalSettings
 from gan.training.compose import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.blocks import write_block  # noqa: E402
+from tools.blocks import recipe_inputs, write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("fid", "kid", "precision", "recall", "class_kl", "confident")
@@ -263,7 +263,8 @@ def main() -> None:
                                  inception, args.inception_samples, args.threads) for name, root in datasets)
     print(text)
     block = "images" if args.mnist_recipe == "mnist" else f"images-{args.mnist_recipe}"
-    write_block(args.write, block, text, "python benchmarks/images.py " + " ".join(sys.argv[1:]), ["gan", "configs"])
+    write_block(args.write, block, text, "python benchmarks/images.py " + " ".join(sys.argv[1:]),
+                ["gan", *recipe_inputs(*(name for name, _ in datasets)), "benchmarks/images.py"])
     print(f"wrote the table into {args.write}")
 
 

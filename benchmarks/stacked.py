@@ -26,14 +26,14 @@ from step import machine
 from toy import mean_and_error, run_once, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.blocks import commit, write_block  # noqa: E402
+from tools.blocks import commit, recipe_inputs, write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # 26,000 samples, as collected in R3GAN's paper (Huang et al., NeurIPS 2024, its StackedMNIST table).
 PUBLISHED = {"VEEGAN": (762, 2.17), "PacGAN": (992, 0.28), "StyleGAN2": (940, 0.42), "DDGAN": (1000, 0.071),
              "R3GAN": (1000, 0.029)}
 MODES, MAX_KL, SECONDS_PER_RUN = 1000, 0.03, 1800  # at every seed; a run's CPU seconds on 2 cores
-INPUTS = ["gan", "configs", "benchmarks/stacked.py", "benchmarks/toy.py"]
+INPUTS = ["gan", *recipe_inputs("stacked_mnist"), "benchmarks/stacked.py", "benchmarks/toy.py"]
 
 
 def table(runs: list[dict]) -> list[str]:

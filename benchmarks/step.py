@@ -67,7 +67,10 @@ from gan.training.host import NVML_CHECK, no_gpu_probe_per_step
 from gan.training.loop import Probe, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.blocks import write_block  # noqa: E402
+from tools.blocks import recipe_inputs, write_block  # noqa: E402
+
+# what the numbers depend on: a change to any, beyond comments, makes the blocks stale
+INPUTS = ["gan", *recipe_inputs("ring", "grid", "digits", "mnist", "folder"), "benchmarks/step.py"]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -862,7 +865,7 @@ def main() -> None:
     if args.write:
         for key, rows in sections.items():
             body = [f"### {SECTIONS[key]}", "", header, "", *rows]
-            write_block(args.write, f"step-{key}", "\n".join(body), command, ["gan", "configs", "benchmarks/step.py"])
+            write_block(args.write, f"step-{key}", "\n".join(body), command, INPUTS)
         print(f"wrote {args.write}")
 
 

@@ -33,7 +33,7 @@ import torch
 from step import machine  # benchmarks/step.py: the same machine line in every report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.blocks import commit, write_block  # noqa: E402
+from tools.blocks import commit, recipe_inputs, write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # PacGAN (Lin et al., NeurIPS 2018), Table 1: means over 10 trials after 400 epochs over 100,000
@@ -54,7 +54,7 @@ SPREAD_MEDIAN, SPREAD_EVERY = (0.8, 1.25), (0.6, 1.5)
 REAL_SPREAD, REAL_HIGH_QUALITY = 0.974, 0.989
 SECONDS_PER_RUN = 180
 # what the numbers depend on: a change to any, beyond comments, makes the block stale
-INPUTS = ["gan", "configs", "benchmarks/toy.py"]
+INPUTS = ["gan", *recipe_inputs(*TARGETS), "benchmarks/toy.py"]
 
 
 def run_once(preset: str, seed: int, run_dir: Path, extra: list[str], reuse: bool, threads: int) -> dict:

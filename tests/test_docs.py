@@ -102,3 +102,31 @@ def test_a_block_goes_stale_when_its_inputs_change_but_not_when_only_their_comme
     assert blocks.stale({"commit": made, "inputs": "configs"}) is None
     commit("# compile: no faster\ngamma: 0.1\n")
     assert blocks.stale({"commit": made, "inputs": "configs"}) == f"changed since {made}: configs/ring.yaml"
+
+
+def test_a_block_of_one_recipe_stays_fresh_when_another_recipe_is_tuned(tmp_path, monkeypatch):
+    """recipe_inputs: a block depends on the shared configs and its own recipes, in a real git repository."""
+    sys.path.insert(0, str(ROOT))
+    from tools import blocks
+
+    def commit(path: str, text: str) -> str:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+        for args in (["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x"]):
+            subprocess.run(["git", *args], cwd=tmp_path, check=True)
+        return blocks.git("rev-parse", "--short", "HEAD")
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.setattr(blocks, "ROOT", tmp_path)
+    commit("configs/train.yaml", "seed: 0\n")
+    commit("configs/experiment/grid.yaml", "gamma: 1.0\n")
+    made = commit("configs/experiment/ring.yaml", "gamma: 0.1\n")
+    ring = {"commit": made, "inputs": " ".join(blocks.recipe_inputs("ring"))}
+    commit("configs/experiment/grid.yaml", "gamma: 0.3\n")
+    assert blocks.stale(ring) is None  # another recipe tuned
+    commit("configs/experiment/ring.yaml", "gamma: 0.3\n")
+    assert blocks.stale(ring) == f"changed since {made}: configs/experiment/ring.yaml"
+    made = blocks.git("rev-parse", "--short", "HEAD")
+    commit("configs/train.yaml", "seed: 1\n")  # a shared config: every recipe composes it
+    assert blocks.stale({"commit": made, "inputs": " ".join(blocks.recipe_inputs("ring"))}) == \
+        f"changed since {made}: configs/train.yaml"

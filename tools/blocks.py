@@ -6,7 +6,8 @@
 
 The benchmark scripts write their blocks with :func:`write_block`; ``python tools/blocks.py`` lists every
 block of docs/*.md and says which are stale: their inputs changed (``git diff``) since the commit that
-made them, so the numbers may describe older code. Exit code 1 when any is stale.
+made them, so the numbers may describe older code. Exit code 1 when any is stale. A block that trains
+recipes names the shared configs and its own recipes (:func:`recipe_inputs`), not all of configs/.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def machine() -> str:
         pass
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"
     return f"{cpu}, {os.cpu_count()} cores{gpu}; Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def recipe_inputs(*recipes: str) -> list[str]:
+    """The configs a block's numbers depend on when it trains ``recipes`` (configs/experiment/<name>.yaml):
+    every shared config and those recipes alone, so that tuning one recipe leaves other recipes' blocks fresh."""
+    shared = sorted(f"configs/{path.name}" for path in (ROOT / "configs").iterdir() if path.name != "experiment")
+    return [*shared, *(f"configs/experiment/{name}.yaml" for name in recipes)]
 
 
 def write_block(path: str | Path, name: str, body: str, command: str, inputs: list[str]) -> None:
