@@ -5,9 +5,9 @@
     <!-- end NAME -->
 
 The benchmark scripts write their blocks with :func:`write_block`; ``python tools/blocks.py`` lists every
-block of docs/*.md and says which are stale: their inputs changed (``git diff``) since the commit that
-made them, so the numbers may describe older code. Exit code 1 when any is stale. A block that trains
-recipes names the shared configs and its own recipes (:func:`recipe_inputs`), not all of configs/.
+block of README.md and docs/*.md and says which are stale: their inputs changed (``git diff``) since the
+commit that made them, so the numbers may describe older code. Exit code 1 when any is stale. A block that
+trains recipes names the shared configs and its own recipes (:func:`recipe_inputs`), not all of configs/.
 """
 
 from __future__ import annotations
@@ -104,10 +104,11 @@ def comments_only(made: str, path: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="List the generated blocks of docs/*.md and the stale ones.")
+    parser = argparse.ArgumentParser(description="List the generated blocks of README.md and docs/*.md and the "
+                                                 "stale ones.")
     parser.parse_args(argv)
     any_stale = False
-    for path in sorted((ROOT / "docs").glob("*.md")):
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for block in blocks(path):
             why = stale(block)
             any_stale |= why is not None
