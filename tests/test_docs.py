@@ -123,6 +123,8 @@ def test_a_block_of_one_recipe_stays_fresh_when_another_recipe_is_tuned(tmp_path
     commit("configs/experiment/grid.yaml", "gamma: 1.0\n")
     made = commit("configs/experiment/ring.yaml", "gamma: 0.1\n")
     ring = {"commit": made, "inputs": " ".join(blocks.recipe_inputs("ring"))}
+    with pytest.raises(FileNotFoundError, match="configs/experiment/rnig.yaml"):
+        blocks.recipe_inputs("rnig")  # a misspelt recipe would leave its block fresh forever
     commit("configs/experiment/grid.yaml", "gamma: 0.3\n")
     assert blocks.stale(ring) is None  # another recipe tuned
     commit("configs/experiment/ring.yaml", "gamma: 0.3\n")

@@ -55,7 +55,10 @@ def recipe_inputs(*recipes: str) -> list[str]:
     """The configs a block's numbers depend on when it trains ``recipes`` (configs/experiment/<name>.yaml):
     every shared config and those recipes alone, so that tuning one recipe leaves other recipes' blocks fresh."""
     shared = sorted(f"configs/{path.name}" for path in (ROOT / "configs").iterdir() if path.name != "experiment")
-    return [*shared, *(f"configs/experiment/{name}.yaml" for name in recipes)]
+    own = [f"configs/experiment/{name}.yaml" for name in recipes]
+    if missing := [path for path in own if not (ROOT / path).is_file()]:  # a renamed recipe would never go stale
+        raise FileNotFoundError(f"no such recipe: {', '.join(missing)}")
+    return [*shared, *own]
 
 
 def write_block(path: str | Path, name: str, body: str, command: str, inputs: list[str]) -> None:
