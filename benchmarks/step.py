@@ -1,12 +1,13 @@
 """How fast is a training step? The framework against bare PyTorch, against earlier code, and against
 pytorch/examples' DCGAN.
 
-Usage: python benchmarks/step.py [--device cpu|cuda] [--rounds 5] [--steps 60] [--only a ops threads ...]
+Usage: python benchmarks/step.py [--device cpu|cuda] [--rounds 5] [--steps 60] [--pairs 30] [--only a ...]
                                  [--recipes ring ...] [--against COMMIT] [--threads N] [--write docs/benchmarks.md]
 
 Variants alternate round by round in one process (``--against``: in fresh processes, alternately), so
-that load on a shared machine hits them alike; figures are mean times per generator step over a window
-that includes the recipe's logging steps (what a user pays), and comparisons are ratios. Sections:
+that load on a shared machine hits them alike, and (a) alternates within one run, about every half second;
+figures are mean times per generator step over windows that include the recipe's logging steps (what a
+user pays), and comparisons are ratios. Sections:
 
 (a) every recipe users train (experiment=ring, grid, digits, mnist, folder) through the real
     ``train()`` -- data pipeline, outputs, the non-finite guard, logging, timing -- against a bare
@@ -112,6 +113,51 @@ def framework_ms(overrides: list[str], steps: int, device: str) -> float:
         if device == "cuda":
             torch.cuda.synchronize()
         return (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e3 / (len(clock.ends) - WARMUP)
+
+
+class Interleaved(Probe):
+    """Runs ``block`` steps of the bare loop after every ``block`` generator steps of the run it watches, so
+    that the two loops alternate every fraction of a second in one process: the host's speed drifts by
+    several percent over seconds, and a drift then moves both sides of each pair alike. ``framework`` and
+    ``bare``: mean milliseconds per step of each block, in the order run (the first WARMUP steps dropped)."""
+
+    def __init__(self, bare: Callable[[], object], block: int, device: torch.device):
+        self.bare_step, self.block, self.device = bare, block, device
+        self.framework: list[float] = []
+        self.bare: list[float] = []
+        self.steps, self.mark = 0, 0.0
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def on_step_end(self, *args: object) -> None:
+        self.steps += 1
+        if self.steps < WARMUP or (self.steps - WARMUP) % self.block:
+            return
+        end = self.now()
+        if self.steps > WARMUP:
+            self.framework.append((end - self.mark) * 1e3 / self.block)
+        for _ in range(self.block):
+            self.bare_step()
+        self.mark = self.now()
+        if self.steps > WARMUP:
+            self.bare.append((self.mark - end) * 1e3 / self.block)
+
+
+def interleaved_ms(overrides: list[str], bare: Callable[[], object], block: int, pairs: int,
+                   device: torch.device) -> Interleaved:
+    """``python train.py <overrides>`` -- the real train(), with its data pipeline, guard, logging every
+    ``log.every`` steps and timing: what a user pays (samples and checkpoints, which the bare loop does not
+    make, off) -- for ``pairs`` blocks of ``block`` generator steps, each followed by as many bare steps."""
+    with tempfile.TemporaryDirectory() as tmp:
+        accelerator = "gpu" if device.type == "cuda" else "cpu"
+        cfg = compose_train(*overrides, f"trainer.max_steps={WARMUP + pairs * block}",
+                            f"trainer.accelerator={accelerator}", run_dir=Path(tmp) / "run")
+        probe = Interleaved(bare, block, device)
+        train(cfg, [probe])
+        return probe
 
 
 def bare_ms(step: Callable[[], object], steps: int, device: torch.device, threads: int | None = None) -> float:
@@ -399,6 +445,7 @@ BASELINE, DEFAULTS = "fp32, NCHW", "fp32, channels_last (the default)"
 # About 10 s of bare steps a measurement: 3 s left 10-25 steps a window on a slow host, too few to tell two loops
 # within a few percent of each other apart from the noise (docs/benchmarks.md).
 WINDOW_MS = 10_000
+BLOCK_MS = 500  # (a): the framework's and the bare loop's steps alternate in blocks of about this
 
 
 def mnist_root(directory: Path) -> tuple[Path, str]:
@@ -433,20 +480,22 @@ def window_steps(most: int, step_ms: float) -> int:
 
 
 def section_a(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, device: torch.device) -> list[str]:
-    rows = ["| recipe | framework `train()` | bare PyTorch loop | framework / bare (median of the rounds' ratios) "
+    rows = [f"Section (a) alternates instead, within one `train()` per recipe: {args.pairs} pairs of a block of "
+            f"the run's generator steps (about {BLOCK_MS} ms, at most {args.steps} steps) and as many bare steps, "
+            f"after the run's first {WARMUP}; mean time per step over all blocks, logging steps included.", "",
+            "| recipe | framework `train()` | bare PyTorch loop | framework / bare (middle half of the pairs) "
             "| target |", "|---|---|---|---|---|"]
     for name, overrides in recipes(folder, mnist).items():
         if args.recipes and not any(r in name for r in args.recipes):
             continue
         cfg = compose_train(*overrides, run_dir=Path("unused"))
         step, threads = bare_step(cfg, device), cfg.train.threads or DEFAULT_THREADS
-        steps = window_steps(args.steps, bare_ms(step, 3, device, threads))
-        each = alternate_rounds(args.rounds, framework=lambda o=overrides, n=steps: framework_ms(o, n, device.type),
-                                bare=lambda s=step, t=threads, n=steps: bare_ms(s, n, device, t))
-        ms = {name: statistics.median(values) for name, values in each.items()}
-        ratio = paired_ratio(each["framework"], each["bare"])
-        rows.append(f"| {name} ({steps} steps) | {ms['framework']:.2f} ms | {ms['bare']:.2f} ms | **{ratio:.3f}** "
-                    "| <= 1.05 |")
+        block = max(1, min(args.steps, int(BLOCK_MS / bare_ms(step, 3, device, threads))))
+        run = interleaved_ms(overrides, step, block, args.pairs, device)
+        framework, bare = statistics.mean(run.framework), statistics.mean(run.bare)
+        quartiles = statistics.quantiles([f / b for f, b in zip(run.framework, run.bare, strict=True)], n=4)
+        rows.append(f"| {name} ({args.pairs} x {block} steps) | {framework:.2f} ms | {bare:.2f} ms | "
+                    f"**{framework / bare:.3f}** ({quartiles[0]:.3f}-{quartiles[2]:.3f}) | <= 1.05 |")
         print(rows[-1], flush=True)
     return rows
 
@@ -816,6 +865,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60, help=f"steps per measurement, after {WARMUP} dropped")
+    parser.add_argument("--pairs", type=int, default=30, help="(a): blocks of framework steps, each followed by a "
+                        "block of bare steps")
     parser.add_argument("--only", nargs="*", choices=[k for k in SECTIONS if k not in ("e", "against")],
                         default=["a", "ops", "threads", "variants", "b", "c", "d", "f", "l"],
                         help="sections to run (b includes e; compile only when named)")

@@ -28,12 +28,23 @@ def test_the_default_is_tensorboard_and_the_group_changes_nothing_else():
     assert list(default["logger"]) == ["tensorboard"]
     assert default["logger"]["tensorboard"] == {
         "_target_": "lightning.pytorch.loggers.TensorBoardLogger", "save_dir": "${paths.run_dir}",
-        "name": "tensorboard", "version": "", "default_hp_metric": False}
+        "name": "tensorboard", "version": "", "default_hp_metric": False, "max_queue": 100}
     for option, names in {"csv": ["csv"], "many": ["tensorboard", "csv"], "[csv,mlflow]": ["csv", "mlflow"],
                           "wandb": ["wandb"]}.items():
         other = OmegaConf.to_container(compose_config(f"logger={option}"))
         assert list(other.pop("logger")) == names, option
         assert other == {k: v for k, v in default.items() if k != "logger"}, option
+
+
+def test_every_scalar_of_a_logging_step_fits_in_tensorboards_queue(digits_run):
+    """More than TensorBoard's default queue of 10 events, fewer than the configured one: the loop hands a
+    logging step's scalars to TensorBoard's writer thread without waiting for it to write them."""
+    events = read_events(digits_run / "tensorboard")
+    per_step: dict[int, int] = {}
+    for tag in events.Tags()["scalars"]:
+        for event in events.Scalars(tag):
+            per_step[event.step] = per_step.get(event.step, 0) + 1
+    assert 10 < max(per_step.values()) < compose_config().logger.tensorboard.max_queue
 
 
 def test_a_csv_run_writes_its_metrics_file_and_no_tensorboard(tmp_path):

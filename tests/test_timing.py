@@ -4,11 +4,12 @@ number: these check what is measured, not how fast."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
 import torch
-from conftest import compose_config, read_events
+from conftest import ROOT, compose_config, read_events
 
 from gan.core.phases import PHASES, PhaseTimer, StepPhases
 from gan.training.loop import Probe, train
@@ -177,3 +178,24 @@ def test_the_prepared_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 3 and "need a GPU" in done.stderr
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_the_step_benchmark_alternates_blocks_of_the_run_and_the_bare_loop(tmp_path):
+    """benchmarks/step.py (a): after the run's warm-up steps, each block of its generator steps is followed by as
+    many bare steps, so that each pair is measured within the same second of a shared machine."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step as bench
+
+    order: list[str] = []
+
+    class Steps(Probe):
+        def on_step_end(self, run):
+            order.append("run")
+
+    probe = bench.Interleaved(lambda: order.append("bare"), 3, torch.device("cpu"))
+    cfg = bench.compose_train("debug=tiny", "experiment=ring", f"trainer.max_steps={bench.WARMUP + 2 * 3}",
+                              run_dir=tmp_path / "run")
+    train(cfg, [Steps(), probe])
+    warmup = ["run"] * bench.WARMUP + ["bare"] * 3  # the first bare block is not counted either
+    assert order == warmup + (["run"] * 3 + ["bare"] * 3) * 2
+    assert len(probe.framework) == len(probe.bare) == 2 and min(probe.framework + probe.bare) > 0
