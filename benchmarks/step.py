@@ -521,8 +521,8 @@ def section_threads(folder: Path, mnist: tuple[Path, str], args: argparse.Namesp
 
 
 # What a change to the default recipe would buy in step time (docs/results.md has what each gave in FID).
-DIGITS_VARIANTS = {"the recipe (width 64, batch 64, fp32)": [], "model.width=48": ["model.width=48"],
-                   "model.width=32": ["model.width=32"], "data.batch_size=32": ["data.batch_size=32"],
+DIGITS_VARIANTS = {"the recipe (width 32, batch 64, fp32)": [], "model.width=64": ["model.width=64"],
+                   "data.batch_size=32": ["data.batch_size=32"],
                    "trainer.precision=bf16-mixed": ["trainer.precision=bf16-mixed"],
                    "bf16-mixed + channels_last": ["trainer.precision=bf16-mixed", "train.channels_last=true"]}
 

@@ -121,7 +121,7 @@ def test_graph_command_keeps_the_table_options_apart(capsys):
 def test_every_run_logs_the_g_loss_graph_at_step_0(digits_run):
     images = read_events(digits_run / "tensorboard").Images(Samples.GRAPH_TAG)
     assert [e.step for e in images] == [0]
-    assert images[0].height > images[0].width > 500  # the tall chain of the loss, D, augmentation and G
+    assert min(images[0].height, images[0].width) > 500  # the chain of the loss, D and G: a drawn graph
 
 
 def test_without_dot_a_run_logs_no_graph_and_says_so_in_the_debug_log(tmp_path, monkeypatch):

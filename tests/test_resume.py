@@ -20,8 +20,10 @@ from gan.training.loop import train
 from gan.training.outputs import Checkpoints
 from gan.training.resume import UNSET, changes
 
-# Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on.
-FULL = ["augment=ada", "augment.interval=1", "augment.speed_images=64", "reg=lecam", "log.sample_every=2"]
+# Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on; a constant learning rate,
+# so that a run of 3 steps and one of 6 follow the same rates (the linear decay ends at trainer.max_steps).
+FULL = ["augment=ada", "augment.interval=1", "augment.speed_images=64", "reg=lecam", "optim.decay=constant",
+        "log.sample_every=2"]
 
 
 def assert_identical(a, b, path="checkpoint"):
@@ -171,8 +173,8 @@ def test_a_resume_with_another_loss_is_refused_in_one_line_unless_asked_for(digi
     capsys.readouterr()
     assert run_train(digits_run, f"ckpt_path={last}", "loss=hinge", "trainer.max_steps=8") == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: ckpt_path={last} was trained with other networks, objective or data (loss.name=nonsaturating there, "
-        f"hinge here): resume with loss=nonsaturating to go on as trained (the run's overrides: "
+        f"error: ckpt_path={last} was trained with other networks, objective or data (loss.name=rpgan there, "
+        f"hinge here): resume with loss=rpgan to go on as trained (the run's overrides: "
         f"{digits_run / '.hydra' / 'overrides.yaml'}), or add resume.allow_changes=true to go on with these on purpose"]
     # Refused before Hydra wrote the run's .hydra/: the overrides the line points to are still the run's.
     assert {p.name: p.read_bytes() for p in (digits_run / ".hydra").iterdir()} == hydra_dir
@@ -183,29 +185,33 @@ def test_a_resume_with_another_loss_is_refused_in_one_line_unless_asked_for(digi
     assert saved["hyper_parameters"]["cfg"]["loss"]["name"] == "hinge"
     assert int(saved["state_dict"]["counters.g_updates"]) == 8
     log = (run / "train.log").read_text()
-    assert log.count("resume: loss.name=nonsaturating there, hinge here: the run goes on with it "
+    assert log.count("resume: loss.name=rpgan there, hinge here: the run goes on with it "
                      "(resume.allow_changes=true)") == 1
 
 
 def test_what_a_resume_may_change():
     saved = compose_config(*TINY)
-    now = compose_config(*TINY, "loss=wgan_gp", "optim.d.lr=1e-3", "optim.g.fused=false", "eval.every=5",
+    now = compose_config(*TINY, "loss=wgan_gp", "optim.d.lr=5e-4", "optim.g.fused=false", "eval.every=5",
                          "data.num_workers=2", "trainer.precision=bf16-mixed", "ckpt_path=x.ckpt",
                          "resume.allow_changes=true")
     found = {c.key: (c.before, c.after, c.kind) for c in changes(*(OmegaConf.to_container(c, resolve=True)
                                                                   for c in (saved, now)))}
     assert found == {
-        "loss.name": ("nonsaturating", "wgan_gp", "refused"), "loss.d_steps": (1, 5, "refused"),
+        "loss.name": ("rpgan", "wgan_gp", "refused"), "loss.d_steps": (1, 5, "refused"),
         "loss.gp_weight": (0.0, 10.0, "refused"),  # an old run's value of a key added since (gan/run/legacy.py)
         "loss.batchnorm_in_d": (UNSET, False, "refused"), "model.d_batchnorm": (True, False, "refused"),
         "train.d_steps": (1, 5, "refused"), "optim.g.fused": (True, False, "free"),  # the same math
-        "optim.d.lr": (2e-4, 1e-3, "applied"), "eval.every": (0, 5, "applied"),
+        "optim.d.lr": (1e-3, 5e-4, "applied"), "eval.every": (0, 5, "applied"),
         "data.num_workers": (0, 2, "free"), "trainer.precision": ("32-true", "bf16-mixed", "free")}
 
 
 # A checkpoint of step 3 of `python train.py debug=tiny` written by the release trained by Lightning's Trainer
 # (1d5e325): its loop and callback state beside the training state.
 TRAINER_RELEASE = ROOT / "tests" / "data" / "trainer_release_digits_step3.ckpt"
+# The digits recipe of that release, as a resume under today's recipe names it when it refuses, less the lazy
+# interval today's recipe gives its regularizer (LeCam has none).
+RELEASE_RECIPE = ["reg=lecam", "augment=diff", "loss=nonsaturating", "optim.decay=constant", "ema.decay=0.999",
+                  "~reg.every"]
 
 
 def test_a_checkpoint_of_the_trainer_release_resumes_as_the_same_state_saved_by_this_loop(tmp_path):
@@ -218,7 +224,7 @@ def test_a_checkpoint_of_the_trainer_release_resumes_as_the_same_state_saved_by_
     torch.save(ours, tmp_path / "ours.ckpt")
     finals = []
     for name, path in (("old", TRAINER_RELEASE), ("ours", tmp_path / "ours.ckpt")):
-        assert run_train(tmp_path / name, f"ckpt_path={path}") == 0
+        assert run_train(tmp_path / name, *RELEASE_RECIPE, f"ckpt_path={path}") == 0
         finals.append(torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     assert int(finals[0]["counters.g_updates"]) == 6
     assert [k for k in finals[0] if not torch.equal(finals[0][k], finals[1][k])] == []

@@ -52,7 +52,7 @@ def test_tensorboard_images_layout_and_hparams(digits_run):
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
-    assert start.session_start_info.hparams["loss/name"].string_value == "nonsaturating"
+    assert start.session_start_info.hparams["loss/name"].string_value == "rpgan"
     assert start.session_start_info.hparams["train/batch_size"].number_value == 16
 
 
