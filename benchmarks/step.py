@@ -191,12 +191,6 @@ def alternate(rounds: int, **variants: Callable[[], float]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in alternate_rounds(rounds, **variants).items()}
 
 
-def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
-    """The median over rounds of each round's ratio: the two figures of a round were measured next to each
-    other, so a slow spell of a shared machine moves both and cancels, where a ratio of medians keeps it."""
-    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
-
-
 # --- data --------------------------------------------------------------------------------------------------
 
 def image_folder(directory: Path, count: int = 512, size: int = 64) -> Path:
