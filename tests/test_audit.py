@@ -14,7 +14,7 @@ import gan.core.step
 import gan.run.build
 import gan.run.module
 import gan.training.loop
-from gan.core.audit import AuditError, check_plain_numbers, snapshot
+from gan.core.audit import AuditError, Snapshot, check_plain_numbers
 from gan.core.models import UNCONDITIONAL
 from gan.core.objective import Objective
 from gan.run.build import build_module
@@ -246,23 +246,29 @@ def test_a_backward_into_a_recorded_gradient_is_named_without_copying_it():
     net = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
     x = torch.randn(5, 3)
     net(x).sum().backward()
-    recorded = grad_versions(net)
-    assert first_changed_grad(recorded, net) is None
+    recorded = grad_versions(list(net.named_parameters()))
+    assert first_changed_grad(recorded, list(net.named_parameters())) is None
     net(x).sum().backward()  # accumulates in place into every .grad
-    assert first_changed_grad(recorded, net) == "0.weight"
+    assert first_changed_grad(recorded, list(net.named_parameters())) == "0.weight"
     net.zero_grad(set_to_none=True)
-    recorded = grad_versions(net)
+    recorded = grad_versions(list(net.named_parameters()))
     net[1](torch.randn(2, 4)).sum().backward()  # only the second layer gets a gradient
-    assert first_changed_grad(recorded, net) == "1.weight"
+    assert first_changed_grad(recorded, list(net.named_parameters())) == "1.weight"
 
 
-def test_a_snapshot_reuses_its_memory_only_for_the_same_shapes():
-    weights = {"w": torch.randn(3, 2), "b": None}
-    first = snapshot(weights)
-    weights["w"].add_(1.0)
-    again = snapshot(weights, first)
-    assert again is first and torch.equal(again["w"], weights["w"]) and again["b"] is None
-    again["w"].add_(1.0)  # a copy, not the tensor itself
-    assert not torch.equal(again["w"], weights["w"])
-    grown = snapshot({"w": torch.randn(4, 2), "b": None}, first)
-    assert grown is not first and grown["w"].shape == (4, 2)
+def test_a_snapshot_finds_the_first_tensor_that_changed():
+    weights = {"w": torch.randn(3, 2), "b": None, "n": torch.zeros((), dtype=torch.long), "v": torch.randn(4)}
+    kept = Snapshot(weights)
+    assert kept.first_difference(weights) is None
+    weights["v"].add_(1.0)
+    assert kept.first_difference(weights) == "v"  # a copy, not the tensor itself
+    kept.take(weights)  # the new values copied in
+    assert kept.first_difference(weights) is None
+    weights["n"].add_(1)  # another dtype, kept in its own buffer
+    assert kept.first_difference(weights) == "n"
+    kept.take(weights)
+    assert kept.first_difference({**weights, "b": torch.zeros(1)}) == "b"  # None -> tensor
+    assert kept.first_difference({**weights, "w": weights["w"].reshape(2, 3)}) == "w"  # same values, new shape
+    weights["w"][0, 0] = float("nan")
+    kept.take(weights)
+    assert kept.first_difference(weights) is None  # NaN equals NaN: a skipped update leaves NaN where it was

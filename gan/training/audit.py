@@ -30,25 +30,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
-from gan.core.audit import AuditError, first_difference, snapshot
+from gan.core.audit import AuditError, Snapshot
 from gan.core.phases import StepPhases
 
 
-def grad_versions(module: nn.Module) -> dict[str, tuple[Tensor, int] | None]:
-    """Each parameter's gradient and its version counter (None: no gradient). A backward that reaches a
+def grad_versions(parameters: list[tuple[str, Tensor]]) -> dict[str, tuple[Tensor, int] | None]:
+    """Each named parameter's gradient and its version counter (None: no gradient). A backward that reaches a
     parameter either creates its gradient or adds to it in place, which bumps the counter: comparing these
     catches it exactly, without copying the gradients."""
-    return {name: None if p.grad is None else (p.grad, p.grad._version) for name, p in module.named_parameters()}
+    return {name: None if p.grad is None else (p.grad, p.grad._version) for name, p in parameters}
 
 
-def first_changed_grad(before: dict[str, tuple[Tensor, int] | None], module: nn.Module) -> str | None:
-    """Name of the first parameter of ``module`` whose gradient is not the one recorded in ``before``."""
-    for name, now in grad_versions(module).items():
+def first_changed_grad(before: dict[str, tuple[Tensor, int] | None],
+                       parameters: list[tuple[str, Tensor]]) -> str | None:
+    """Name of the first of ``parameters`` whose gradient is not the one recorded in ``before``."""
+    for name, now in grad_versions(parameters).items():
         old = before[name]
         if (old is None) != (now is None) or (old is not None and (now[0] is not old[0] or now[1] != old[1])):
             return name
@@ -84,16 +84,22 @@ class AutogradAudit:
         self.module, self.phases, self.scaler = module, phases, scaler
         self.updates = {id(opt_g): "G", id(opt_d): "D"}
         self.steps = {"G": 0, "D": 0}
-        parameters = {f"{n}.{name}": p for n in "GD" for name, p in getattr(module, n).named_parameters()}
-        self.names = {id(p): name for name, p in parameters.items()}  # the networks' parameters do not change
-        self.ids = {n: {id(p) for p in getattr(module, n).parameters()} for n in "GD"}
+        # The networks' parameters and buffers are the same objects for the whole run: listed once here.
+        self.named = {n: list(getattr(module, n).named_parameters()) for n in "GD"}
+        self.parameters = {f"{n}.{name}": p for n in "GD" for name, p in self.named[n]}
+        self.names = {id(p): name for name, p in self.parameters.items()}
+        self.ids = {n: {id(p) for _, p in self.named[n]} for n in "GD"}
         self.submodules = {n: list(getattr(module, n).named_modules()) for n in "GD"}
-        self.allowed = expected_to_change(module.D)
-        self.weights: dict[str, dict[str, Tensor | None]] = {}
-        self.d_state: dict[str, Tensor | None] | None = None
-        self.flags = {name: p.requires_grad for name, p in parameters.items()}
-        self.frozen = {name: p for name, p in parameters.items() if not p.requires_grad}
-        self.frozen_weights = snapshot(self.frozen)
+        allowed = expected_to_change(module.D)
+        # What the G update must leave as it was: all of D but the statistics a train-mode forward moves.
+        self.d_kept = {name: t for name, t in [*self.named["D"], *module.D.named_buffers()] if name not in allowed}
+        self.tensors = {n: dict(self.named[n]) for n in "GD"}
+        self.by_size = {n: sorted(self.tensors[n].values(), key=Tensor.numel) for n in "GD"}
+        self.weights = {n: Snapshot(self.tensors[n]) for n in "GD"}
+        self.d_state = Snapshot(self.d_kept)
+        self.flags = {name: p.requires_grad for name, p in self.parameters.items()}
+        self.frozen = {name: p for name, p in self.parameters.items() if not p.requires_grad}
+        self.frozen_weights = Snapshot(self.frozen)
         # D's state is recorded right after the last D update of each step, before the G update runs D
         # forward: the optimizer's step hook sits there.
         self.hooks = [
@@ -135,39 +141,35 @@ class AutogradAudit:
             self.check_d_update()
         else:
             self.check_g_update()
-        module = getattr(self.module, network)
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for key in held - self.ids[network]:
             raise AuditError(f"{network}'s optimizer holds {self.names.get(key, 'a parameter')}, which is not "
                              f"{network}'s")
-        for n, p in module.named_parameters():
+        for n, p in self.named[network]:
             if p.requires_grad and id(p) not in held:
                 raise AuditError(f"{network}'s optimizer does not hold {network}.{n}: the {network} update cannot "
                                  "move it")
-        self.weights[network] = snapshot(dict(module.named_parameters()), self.weights.get(network))
-        gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        # All zero (a D so sure of itself that the G loss saturates): an update with nothing to apply.
-        self.has_gradient = bool(gradients) and bool(torch.stack(torch._foreach_norm(gradients)).any())
+        self.weights[network].take(self.tensors[network])
+        # Some gradient not zero (all zero: a D so sure of itself that the G loss saturates, an update with nothing
+        # to apply); the smallest first, which nearly always answers at once.
+        self.has_gradient = any(bool(p.grad.any()) for p in self.by_size[network] if p.grad is not None)
 
     def after_step(self, optimizer: Any, kwargs: dict[str, Any]) -> None:
         network = self.network_of(optimizer)
         self.steps[network] += 1
         self.check_frozen(network)
-        module = getattr(self.module, network)
         found_inf = kwargs.get("found_inf", getattr(optimizer, "found_inf", None))  # the guard's (or GradScaler's)
         skipped = found_inf is not None and bool(found_inf.item())
-        moved = first_difference(self.weights[network], dict(module.named_parameters())) is not None
-        if self.has_gradient and not skipped and not moved:
+        if self.has_gradient and not skipped and not self.weights[network].moved(self.tensors[network]):
             lrs = sorted({group["lr"] for group in optimizer.param_groups})
             raise AuditError(f"the {network} update moved none of {network}'s weights (learning rate {lrs}): "
                              f"its optimizer must step {network}'s parameters with their gradients")
         if network == "D" and self.phases.d_update == self.module.d_steps - 1:
-            D = self.module.D
-            self.d_state = snapshot({**dict(D.named_parameters()), **dict(D.named_buffers())}, self.d_state)
+            self.d_state.take(self.d_kept)
 
     def check_frozen(self, network: str) -> None:
         """After ``network``'s update: frozen parameters unmoved and without gradients, every flag as it was."""
-        moved = first_difference(self.frozen_weights, self.frozen)
+        moved = self.frozen_weights.first_difference(self.frozen)
         if moved:
             raise AuditError(f"the {network} update moved frozen {moved}: a frozen parameter must stay out of the "
                              "optimizer")
@@ -175,8 +177,7 @@ class AutogradAudit:
             if p.grad is not None:
                 raise AuditError(f"frozen {name} holds a gradient after the {network} update: requires_grad_(False) "
                                  "must stay set on it")
-        parameters = {f"{n}.{name}": p for n in "GD" for name, p in getattr(self.module, n).named_parameters()}
-        for name, p in parameters.items():
+        for name, p in self.parameters.items():
             if p.requires_grad != self.flags[name]:
                 raise AuditError(f"{name}.requires_grad is {p.requires_grad} after the {network} update, "
                                  f"{self.flags[name]} before: freezing D for G's update must restore each flag")
@@ -186,26 +187,24 @@ class AutogradAudit:
 
     def before_backward(self, loss: Tensor) -> None:
         phase = self.phases.network
-        updated = self.module.D if phase == "D" else self.module.G
-        for name, p in updated.named_parameters():
+        for name, p in self.named[phase]:
             if p.grad is not None:
                 raise AuditError(f"{phase}.{name} already holds a gradient before the {phase} backward: it "
                                  "would be added to, not replaced; call zero_grad(set_to_none=True) first")
         # The other network's gradients, which this backward must leave as they are (checked before the step).
-        other = self.module.G if phase == "D" else self.module.D
-        self.other_grads = grad_versions(other)
+        self.other_grads = grad_versions(self.named["G" if phase == "D" else "D"])
 
     def check_d_update(self) -> None:
-        changed = first_changed_grad(self.other_grads, self.module.G)
+        changed = first_changed_grad(self.other_grads, self.named["G"])
         if changed:
             raise AuditError(f"D update changed the gradient of G.{changed}: the D loss must use fake.detach()")
-        require_gradients(self.module.D, "D", "")
+        require_gradients(self.named["D"], "D", "")
 
     def check_g_update(self) -> None:
-        changed = first_changed_grad(self.other_grads, self.module.D)
+        changed = first_changed_grad(self.other_grads, self.named["D"])
         if changed:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
-        require_gradients(self.module.G, "G", ": the G loss must reach every weight of G through the undetached fake")
+        require_gradients(self.named["G"], "G", ": the G loss must reach every weight of G through the undetached fake")
 
     def step_end(self) -> None:
         expected = {"D": self.module.d_steps, "G": 1}
@@ -214,17 +213,15 @@ class AutogradAudit:
             if self.steps[network] != count and self.scaler is None:
                 raise AuditError(f"{network}'s optimizer stepped {self.steps[network]} times in a generator step, "
                                  f"not {count}: the step must call its step() once per {network} update")
-        D = self.module.D
-        kept = {name: t for name, t in self.d_state.items() if name not in self.allowed}
-        changed = first_difference(kept, {**dict(D.named_parameters()), **dict(D.named_buffers())})
+        changed = self.d_state.first_difference(self.d_kept)
         if changed:
             raise AuditError(f"G update changed D.{changed}: only BatchNorm running statistics and "
                              "spectral-norm vectors of D may move in the G update")
 
 
-def require_gradients(module: nn.Module, network: str, hint: str) -> None:
-    """Every trainable parameter of ``module`` holds a gradient after ``network``'s backward."""
-    for name, p in module.named_parameters():
+def require_gradients(parameters: list[tuple[str, Tensor]], network: str, hint: str) -> None:
+    """Every trainable one of ``network``'s named ``parameters`` holds a gradient after its backward."""
+    for name, p in parameters:
         if p.requires_grad and p.grad is None:
             raise AuditError(f"{network} update left {network}.{name} with no gradient{hint}")
 
