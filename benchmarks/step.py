@@ -5,7 +5,8 @@ Usage: python benchmarks/step.py [--device cpu|cuda] [--rounds 5] [--steps 60] [
                                  [--recipes ring ...] [--against COMMIT] [--threads N] [--write docs/benchmarks.md]
 
 Variants alternate round by round in one process (``--against``: in fresh processes, alternately), so
-that load on a shared machine hits them alike, and (a) alternates within one run, about every half second;
+that load on a shared machine hits them alike, and (a) and (b) alternate within one run, about every half
+second (the framework's steps with the bare loop's, and with the examples' step);
 figures are mean times per generator step over windows that include the recipe's logging steps (what a
 user pays), and comparisons are ratios. Sections:
 
