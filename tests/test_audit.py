@@ -259,9 +259,9 @@ def test_a_backward_into_a_recorded_gradient_is_named_without_copying_it():
 def test_a_snapshot_finds_the_first_tensor_that_changed():
     weights = {"w": torch.randn(3, 2), "b": None, "n": torch.zeros((), dtype=torch.long), "v": torch.randn(4)}
     kept = Snapshot(weights)
-    assert kept.first_difference(weights) is None
+    assert kept.first_difference(weights) is None and not kept.moved(weights)
     weights["v"].add_(1.0)
-    assert kept.first_difference(weights) == "v"  # a copy, not the tensor itself
+    assert kept.first_difference(weights) == "v" and kept.moved(weights)  # a copy, not the tensor itself
     kept.take(weights)  # the new values copied in
     assert kept.first_difference(weights) is None
     weights["n"].add_(1)  # another dtype, kept in its own buffer
