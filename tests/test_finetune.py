@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import shutil
 
 import pytest
@@ -14,6 +15,7 @@ from conftest import TINY, compose_config, run_train
 from test_bad_input import one_line
 from test_resume import assert_identical
 from torch import nn
+from torch.nn.utils.parametrizations import orthogonal, weight_norm
 
 import gan.core.step
 from gan.core.audit import AuditError
@@ -23,6 +25,7 @@ from gan.core.step import g_update
 from gan.data.datasets import build_dataset, population
 from gan.errors import ConfigError
 from gan.evaluation.metrics import class_balance
+from gan.run.load import load_module
 from gan.training.loop import Probe, train
 
 FINETUNE = ["finetune.freeze_d=2", "finetune.freeze_g=[net.1]", "data.classes=[5,6,7,8,9]", "data.limit=100",
@@ -76,14 +79,93 @@ def test_a_finetuning_run_resumes_exactly_and_refuses_another_init_from(digits_r
     for key in ("state_dict", "optimizer_states", "rng"):
         assert_identical(straight[key], resumed[key], key)
     assert resumed["hyper_parameters"]["init_from"] == straight["hyper_parameters"]["init_from"]
-    # Given both, the run resumes: init_from is its record, which a resume may not change.
+    # Given both, the run resumes: init_from is its record, which a resume may not change, even on purpose.
     other = tmp_path / "other"
     shutil.copytree(digits_run, other)
+    for allow in ([], ["resume.allow_changes=true"]):
+        capsys.readouterr()
+        assert run_train(tmp_path / "changed", f"init_from={other}", *FINETUNE, f"ckpt_path={middle}", *allow) == 2
+        line = one_line(capsys)
+        assert f"init_from={digits_run} there, {other} here" in line
+        assert line.endswith(f"not even with resume.allow_changes=true: resume with init_from={digits_run}")
+        assert not (tmp_path / "changed").exists()
+
+
+def test_a_finetuning_run_resumes_after_the_run_it_started_from_is_gone(digits_run, tmp_path):
+    source, run = tmp_path / "source", tmp_path / "run"
+    shutil.copytree(digits_run, source)
+    assert run_train(run, f"init_from={source}", *FINETUNE) == 0
+    shutil.rmtree(source)
+    middle = run / "checkpoints" / "step_000003.ckpt"
+    assert run_train(tmp_path / "resumed", f"init_from={source}", *FINETUNE, f"ckpt_path={middle}") == 0
+    # It continued as the uninterrupted run did, and kept its record of the source.
+    straight = load(run / "checkpoints" / "last.ckpt")
+    resumed = load(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for key in ("state_dict", "optimizer_states", "rng"):
+        assert_identical(straight[key], resumed[key], key)
+    assert resumed["hyper_parameters"]["init_from"]["checkpoint"] == str(source / "checkpoints" / "last.ckpt")
+
+
+def test_a_resume_that_freezes_other_blocks_is_refused_even_on_purpose_and_the_advice_starts_a_new_run(
+        digits_run, finetuned, tmp_path, capsys):
+    middle = finetuned / "checkpoints" / "step_000003.ckpt"
+    changed = [o.replace("freeze_d=2", "freeze_d=1") for o in FINETUNE]
     capsys.readouterr()
-    assert run_train(tmp_path / "changed", f"init_from={other}", *FINETUNE, f"ckpt_path={middle}") == 2
+    assert run_train(tmp_path / "resumed", f"init_from={digits_run}", *changed, f"ckpt_path={middle}",
+                     "resume.allow_changes=true") == 2
     line = one_line(capsys)
-    assert f"init_from={digits_run} there, {other} here" in line and "resume.allow_changes=true" in line
-    assert not (tmp_path / "changed").exists()
+    assert "finetune.freeze_d=2 there, 1 here: the checkpoint's optimizers hold the parameters that trained" in line
+    assert "not even with resume.allow_changes=true: resume with finetune.freeze_d=2" in line
+    assert not (tmp_path / "resumed").exists()
+    # Followed: the same overrides, init_from=<the checkpoint> in place of ckpt_path and of init_from, a new run.
+    start = re.search(r"the same overrides with (init_from=\S+) in place of ckpt_path \(and of any init_from\), in a "
+                      r"new hydra.run.dir", line).group(1)
+    assert run_train(tmp_path / "new", start, *changed) == 0
+    source, tuned = load(middle)["state_dict"], load(tmp_path / "new" / "checkpoints" / "last.ckpt")
+    assert tuned["hyper_parameters"]["init_from"] == {"checkpoint": str(middle.resolve()), "step": 3}
+    assert torch.equal(tuned["state_dict"]["D.net.0.weight"], source["D.net.0.weight"])
+    assert not torch.equal(tuned["state_dict"]["D.net.2.weight"], source["D.net.2.weight"])  # frozen no longer
+
+
+def test_a_spectrally_normed_block_freezes_with_the_weight_its_optimizer_steps(tmp_path, capsys):
+    source, tuned = tmp_path / "source", tmp_path / "tuned"
+    assert run_train(source, "model.spectral_norm=true") == 0
+    assert run_train(tuned, f"init_from={source}", "model.spectral_norm=true", "finetune.freeze_d=1") == 0  # audited
+    before, after = load(source / "checkpoints" / "last.ckpt")["state_dict"], load(tuned / "checkpoints" / "last.ckpt")
+    D = load_module(tuned / "checkpoints" / "last.ckpt").D
+    # Block net.0 holds the tensor spectral norm computes its weight from, which its optimizer steps.
+    frozen = [f"D.{name}" for name in blocks(D)["net.0"]]
+    assert frozen == ["D.net.0.bias", "D.net.0.parametrizations.weight.original"]
+    for name in frozen:
+        assert torch.equal(after["state_dict"][name], before[name]), name
+    for name in ("D.net.2.parametrizations.weight.original", "D.net.3.weight",
+                 "D.net.5.parametrizations.weight.original"):
+        assert not torch.equal(after["state_dict"][name], before[name]), name
+    trainable = len(list(D.parameters())) - len(frozen)
+    assert len(after["optimizer_states"][1]["state"]) == trainable == 5
+    # Counted by their layers: this D has 3 blocks, not one per parametrization.
+    capsys.readouterr()
+    assert run_train(tmp_path / "all", f"init_from={source}", "model.spectral_norm=true", "finetune.freeze_d=3") == 2
+    assert "finetune.freeze_d=3: this network has 3 blocks (['net.0', 'net.2', 'net.5'])" in one_line(capsys)
+
+
+def test_every_parametrization_freezes_with_its_layer_and_tied_blocks_freeze_together_or_not_at_all():
+    net = nn.Sequential(weight_norm(nn.Linear(4, 4)), nn.ReLU(), orthogonal(nn.Linear(4, 4)), nn.Linear(4, 1))
+    assert blocks(net) == {
+        "0": ["0.bias", "0.parametrizations.weight.original0", "0.parametrizations.weight.original1"],
+        "2": ["2.bias", "2.parametrizations.weight.original"], "3": ["3.weight", "3.bias"]}
+    frozen = freeze(net, 2, "finetune.freeze_d")
+    assert [name for name, p in net.named_parameters() if not p.requires_grad] == frozen == [*blocks(net)["0"],
+                                                                                            *blocks(net)["2"]]
+    tied = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 1))
+    tied[2].weight = tied[0].weight
+    with pytest.raises(ConfigError, match=r"^finetune.freeze_d: 2.weight, of block 2, is the frozen 0.weight \(tied "
+                                          r"weights: one tensor\), so block 2 could not train in full: freeze both "
+                                          r"blocks or neither$"):
+        freeze(tied, 1, "finetune.freeze_d")
+    assert all(p.requires_grad for p in tied.parameters())  # refused before anything was frozen
+    assert freeze(tied, ["0", "2"], "finetune.freeze_d") == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [name for name, p in tied.named_parameters() if p.requires_grad] == ["3.weight", "3.bias"]
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -146,7 +228,7 @@ def test_the_audit_catches_a_g_update_that_unfreezes_all_of_d(digits_run, tmp_pa
 def test_blocks_group_each_layer_with_its_batchnorm_in_the_order_they_run():
     D = DCGANDiscriminator(1, 32, 8)  # 32x32: three strided convolutions, then the scoring one
     assert block_names(D) == ["net.0", "net.2", "net.5", "net.8"]
-    assert blocks(D)[1] == ["net.2.weight", "net.3.weight", "net.3.bias"]  # conv (no bias) and its BatchNorm
+    assert blocks(D)["net.2"] == ["net.2.weight", "net.3.weight", "net.3.bias"]  # conv (no bias) and its BatchNorm
     assert freeze(D, ["net.5", "net.0"], "k") == ["net.0.weight", "net.0.bias", "net.5.weight", "net.6.weight",
                                                  "net.6.bias"]
     assert [n for n, p in D.named_parameters() if p.requires_grad] == ["net.2.weight", "net.3.weight", "net.3.bias",
@@ -201,3 +283,17 @@ def test_the_python_api_refuses_before_writing_too(digits_run, tmp_path):
     with pytest.raises(ConfigError, match=r"layer G.net.1.weight is \[64, 16, 4, 4\] there"):
         gan.train(*TINY, f"init_from={digits_run}", "data.image_size=32", run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_source_whose_fourier_features_have_another_scale_is_refused_in_one_line(ring_run, tmp_path, capsys):
+    """D's Fourier features come with D's weights, which learned on them: the scale must be the source's."""
+    ring = ["experiment=ring", "loss=hinge", "trainer.max_steps=2"]
+    capsys.readouterr()
+    assert run_train(tmp_path / "other", f"init_from={ring_run}", *ring, "model.d_fourier_scale=5") == 2
+    assert one_line(capsys).endswith(f"init_from={ring_run / 'checkpoints' / 'last.ckpt'}: D's Fourier features were "
+                                     "drawn at model.d_fourier_scale=15.0 there and 5.0 here, and D's weights learned "
+                                     "on them: fine-tune with model.d_fourier_scale=15.0")
+    assert not (tmp_path / "other").exists()
+    assert run_train(tmp_path / "same", f"init_from={ring_run}", *ring) == 0
+    assert torch.equal(load(tmp_path / "same" / "checkpoints" / "last.ckpt")["state_dict"]["D.net.1.frequencies"],
+                       load(ring_run / "checkpoints" / "last.ckpt")["state_dict"]["D.net.1.frequencies"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,11 +13,13 @@ import pytest
 import torch
 from conftest import ROOT, TINY, LearningRates, compose_config, run_main, run_train
 from omegaconf import OmegaConf
+from test_bad_input import one_line
 
 from gan.core.models import UNCONDITIONAL
+from gan.errors import ConfigError
 from gan.run.checkpoint import save_checkpoint
 from gan.run.load import load_module
-from gan.training.loop import train
+from gan.training.loop import Probe, train
 from gan.training.outputs import Checkpoints
 from gan.training.resume import UNSET, changes
 
@@ -205,6 +208,46 @@ def test_what_a_resume_may_change():
         "data.num_workers": (0, 2, "free"), "trainer.precision": ("32-true", "bf16-mixed", "free")}
 
 
+@pytest.mark.parametrize("change", ["optim.d._target_=torch.optim.AdamW", "optim.decay=constant", "log.num_samples=8",
+                                    "seed=1"])
+def test_what_the_checkpoint_restores_is_refused_even_on_purpose_and_the_advice_starts_a_new_run(
+        digits_run, tmp_path, capsys, change):
+    """The optimizer's class and schedules, the grids' fixed noise, the random streams: the resume would restore the
+    old ones."""
+    last = digits_run / "checkpoints" / "last.ckpt"
+    key, _, value = change.partition("=")
+    capsys.readouterr()
+    assert run_train(tmp_path / "resumed", f"ckpt_path={last}", change, "resume.allow_changes=true") == 2
+    line = one_line(capsys)
+    assert re.search(rf"{re.escape(key)}=\S+ there, {re.escape(value)} here: .+, so a resume cannot change it, not "
+                     rf"even with resume.allow_changes=true: resume with {re.escape(key)}=", line), line
+    assert not (tmp_path / "resumed").exists()
+    start = re.search(r"the same overrides with (init_from=\S+) in place of ckpt_path", line).group(1)
+    assert run_train(tmp_path / "new", start, change) == 0
+    saved = torch.load(tmp_path / "new" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert str(OmegaConf.select(OmegaConf.create(saved["hyper_parameters"]["cfg"]), key)) == value
+    assert saved["hyper_parameters"]["init_from"] == {"checkpoint": str(last.resolve()), "step": 6}
+
+
+class OptimizerOptions(Probe):
+    """Whether G's and D's optimizers step fused, at the start of every generator step."""
+
+    def __init__(self):
+        self.seen: list[list[bool]] = []
+
+    def on_step_start(self, run, batch):
+        self.seen.append([group["fused"] for optimizer in run.optimizers for group in optimizer.param_groups])
+
+
+def test_a_resume_sets_fused_on_the_optimizers_it_restores(digits_run, tmp_path):
+    """optim.*.fused takes effect as given: the parameter groups restored from the checkpoint hold the old one."""
+    options = OptimizerOptions()
+    cfg = compose_config(*TINY, f"ckpt_path={digits_run / 'checkpoints' / 'step_000003.ckpt'}", "optim.d.fused=false",
+                         run_dir=tmp_path / "run")
+    train(cfg, probes=[options])
+    assert options.seen == [[True, False]] * 3
+
+
 # A checkpoint of step 3 of `python train.py debug=tiny` written by the release trained by Lightning's Trainer
 # (1d5e325): its loop and callback state beside the training state.
 TRAINER_RELEASE = ROOT / "tests" / "data" / "trainer_release_digits_step3.ckpt"
@@ -228,3 +271,81 @@ def test_a_checkpoint_of_the_trainer_release_resumes_as_the_same_state_saved_by_
         finals.append(torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     assert int(finals[0]["counters.g_updates"]) == 6
     assert [k for k in finals[0] if not torch.equal(finals[0][k], finals[1][k])] == []
+
+
+def saved_state(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def test_a_changed_diffaugment_p_is_set_on_the_state_a_resume_restores(tmp_path):
+    """DiffAugment's p is a setting held in a buffer, which the checkpoint would bring back: allowed, it is set."""
+    assert run_train(tmp_path / "first", "augment=diff", "augment.p=0.5", "trainer.max_steps=3") == 0
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    assert run_train(tmp_path / "second", "augment=diff", "augment.p=0.25", f"ckpt_path={last}",
+                     "resume.allow_changes=true") == 0
+    assert float(saved_state(tmp_path / "second")["objective.augment.p"]) == 0.25
+    assert "resume: augment.p=0.5 there, 0.25 here: the run goes on with it" in (tmp_path / "second" /
+                                                                                "train.log").read_text()
+
+
+def test_where_ada_started_is_refused_even_on_purpose_and_the_advice_starts_a_new_run(tmp_path, capsys):
+    """ADA's p moves with the run: the checkpoint holds where it got to; augment.p was only where it started."""
+    ada = ["augment=ada", "augment.interval=1", "augment.speed_images=64", "trainer.max_steps=3"]
+    assert run_train(tmp_path / "first", *ada) == 0
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    assert run_train(tmp_path / "resumed", *ada, "augment.p=0.5", f"ckpt_path={last}", "trainer.max_steps=4",
+                     "resume.allow_changes=true") == 2
+    line = one_line(capsys)
+    assert re.search(r"augment.p=0.0 there, 0.5 here: under ADA \(augment.adaptive=true\) p moves with the run.+ not "
+                     r"even with resume.allow_changes=true: resume with augment.p=0.0, or start a new run", line), line
+    assert not (tmp_path / "resumed").exists()
+    start = re.search(r"the same overrides with (init_from=\S+) in place of ckpt_path", line).group(1)
+    assert run_train(tmp_path / "new", *ada, "augment.p=0.5", start, "trainer.max_steps=1") == 0
+    assert float(saved_state(tmp_path / "new")["objective.augment.p"]) == pytest.approx(0.5, abs=16 / 64)
+
+
+def test_a_changed_fourier_scale_rescales_the_frequencies_a_resume_restores(ring_run, tmp_path):
+    """D's Fourier features are drawn once at model.d_fourier_scale and held in a buffer: allowed, a resume keeps
+    their directions at the new scale, as its config records."""
+    last = ring_run / "checkpoints" / "last.ckpt"
+    ring = ["experiment=ring", "loss=hinge", "log.every=2", "trainer.max_steps=7"]
+    assert run_train(tmp_path / "resumed", *ring, "model.d_fourier_scale=30", f"ckpt_path={last}",
+                     "resume.allow_changes=true") == 0
+    before = torch.load(last, weights_only=True)["state_dict"]["D.net.1.frequencies"]
+    assert torch.allclose(saved_state(tmp_path / "resumed")["D.net.1.frequencies"], before * 2)
+
+
+def test_the_classes_of_a_resumed_grid_are_those_it_trains_on(tmp_path):
+    conditional = ["model.conditional=true", "log.samples_per_class=2", "trainer.max_steps=3"]
+    assert run_train(tmp_path / "first", *conditional, "data.classes=[0,2]") == 0
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    assert saved_state(tmp_path / "first")["sample_labels"].tolist() == [0, 2, 0, 2]
+    assert run_train(tmp_path / "second", *conditional, "data.classes=[1,2]", f"ckpt_path={last}",
+                     "trainer.max_steps=4", "resume.allow_changes=true") == 0
+    assert saved_state(tmp_path / "second")["sample_labels"].tolist() == [1, 2, 1, 2]
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_precision_that_holds_the_weights_in_another_type_is_refused_in_one_line(digits_run, tmp_path, capsys,
+                                                                                   resumed):
+    resume = [f"ckpt_path={digits_run / 'checkpoints' / 'step_000003.ckpt'}"] if resumed else []
+    capsys.readouterr()
+    assert run_train(tmp_path / "run", "trainer.precision=bf16-true", *resume) == 2
+    assert one_line(capsys).startswith("error: trainer.precision=bf16-true: the loop trains float32 weights, in "
+                                       "float32 or under autocast")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_loop_called_directly_refuses_a_resume_with_train_pys_line(digits_run, tmp_path, capsys):
+    """gan.training.loop.train(cfg) checks what the resume changes before it compares the networks, whose grid noise
+    (log.num_samples) differs too: the same line as train.py's, not 'holds other networks'."""
+    last = digits_run / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    assert run_train(tmp_path / "script", f"ckpt_path={last}", "log.num_samples=8") == 2
+    printed = one_line(capsys)
+    with pytest.raises(ConfigError) as refused:
+        train(compose_config(*TINY, f"ckpt_path={last}", "log.num_samples=8", run_dir=tmp_path / "direct"))
+    assert printed == f"error: {refused.value}"
+    assert "log.num_samples=16 there, 8 here" in printed
+    assert not (tmp_path / "direct" / "checkpoints").exists()

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gan.core.freezing import block_names, blocks, freeze
+from gan.core.freezing import blocks, freeze
+from gan.core.models import FourierFeatures
 from gan.errors import ConfigError
 from gan.run.checkpoint import read_checkpoint
 from gan.run.module import GANModule
@@ -32,8 +33,8 @@ def init_checkpoint(init_from: str) -> Path:
 def initialise(module: GANModule, path: Path) -> dict[str, Any]:
     """Load G's, D's and the EMA generator's weights from the checkpoint at ``path`` into ``module``; returns
     what the run records of where it started (the file and its generator step). A ConfigError names the
-    first layer whose shape does not fit, before anything is loaded. A source run without an EMA generator
-    starts this one's EMA from G."""
+    first layer whose shape does not fit, or D's Fourier features drawn at another scale, before anything is
+    loaded. A source run without an EMA generator starts this one's EMA from G."""
     checkpoint = read_checkpoint(path, "init_from")
     source = checkpoint["state_dict"]
     wanted = {k: v for k, v in module.state_dict().items() if k.split(".")[0] in NETWORKS}
@@ -47,6 +48,7 @@ def initialise(module: GANModule, path: Path) -> dict[str, Any]:
         if source[name].shape != tensor.shape:
             raise ConfigError(f"init_from={path}: layer {name} is {list(source[name].shape)} there and "
                               f"{list(tensor.shape)} here: the data or model settings differ where the shapes must fit")
+    check_fourier_scale(module, checkpoint, path)
     module.load_state_dict({**module.state_dict(), **{k: source[k] for k in wanted if k in source}})
     if module.ema is not None and not has_ema:
         module.ema.generator.load_state_dict(module.G.state_dict())
@@ -54,16 +56,30 @@ def initialise(module: GANModule, path: Path) -> dict[str, Any]:
     return {"checkpoint": str(path.resolve()), "step": step}
 
 
+def check_fourier_scale(module: GANModule, checkpoint: dict[str, Any], path: Path) -> None:
+    """Refuse a source whose D drew its Fourier features (``model.d_fourier``) at another ``model.d_fourier_scale``:
+    they come with D's weights, which learned on them, and the run's config would record a scale D does not use."""
+    saved = checkpoint["hyper_parameters"].get("cfg")
+    if not isinstance(saved, dict) or not any(isinstance(m, FourierFeatures) for m in module.D.modules()):
+        return
+    there, here = saved["model"].get("d_fourier_scale"), module.cfg["model"].get("d_fourier_scale")
+    if there is not None and here is not None and float(there) != float(here):
+        raise ConfigError(f"init_from={path}: D's Fourier features were drawn at model.d_fourier_scale={there} there "
+                          f"and {here} here, and D's weights learned on them: fine-tune with "
+                          f"model.d_fourier_scale={there}")
+
+
 def start_from(module: GANModule, cfg: dict[str, Any], resumed: dict[str, Any] | None = None) -> list[str]:
-    """Fine-tune ``module`` as the config ``cfg`` (a plain container) asks: its weights from ``init_from``, unless
-    it resumes from the checkpoint ``resumed`` (which holds its weights, and the record of where it started),
-    then the frozen blocks. Returns what to log."""
+    """Fine-tune ``module`` as the config ``cfg`` (a plain container) asks: its weights from ``init_from`` when it
+    starts fresh; a resume (``ckpt_path``) never reads ``init_from``, whose run may be gone: its checkpoint
+    ``resumed`` (None: not read yet) holds the weights and the record of where it started. Then the frozen blocks.
+    Returns what to log."""
     lines = []
     if resumed is not None:
         record = resumed["hyper_parameters"].get("init_from")
         if record is not None:
             module.hparams["init_from"] = record
-    elif cfg.get("init_from") is not None:
+    elif cfg.get("init_from") is not None and cfg.get("ckpt_path") is None:
         record = initialise(module, init_checkpoint(cfg["init_from"]))
         module.hparams["init_from"] = record
         lines.append(f"init_from: G, D and the EMA generator of {record['checkpoint']} (its generator step "
@@ -81,7 +97,8 @@ def freeze_networks(module: GANModule, finetune: dict[str, Any]) -> str:
     for name, network in (("G", module.G), ("D", module.D)):
         key = f"freeze_{name.lower()}"
         frozen = set(freeze(network, finetune.get(key, 0), f"finetune.{key}"))
-        every = block_names(network)
-        names = [block for block, params in zip(every, blocks(network)) if params[0] in frozen]
-        lines.append(f"{name} blocks {', '.join(names) or 'none'} frozen of {every}")  # the counts: describe_networks
+        every = blocks(network)
+        names = [block for block, params in every.items() if params[0] in frozen]
+        # the parameter counts are the model summary's (describe_networks)
+        lines.append(f"{name} blocks {', '.join(names) or 'none'} frozen of {list(every)}")
     return "; ".join(lines)

@@ -16,8 +16,16 @@ and :func:`conform` keeps only the keys the chosen option has.
 What a resume (``ckpt_path=``) may change, per key or for a whole section (a key without its own
 ``resume`` follows its section's): ``applied`` (set on the restored run: learning rates, steps, logging),
 ``refused`` (what defines the networks, the objective or the data, unless ``resume.allow_changes=true``),
-``free`` (how the run executes or reads its data: takes effect as given; the default) and ``ignored`` (where
-the run is and resumes from).
+``fixed`` (what the checkpoint's state holds and a resume restores -- which parameters the optimizers hold,
+their class and schedule, where the run started, the sample noise: refused even with
+``resume.allow_changes=true``, for the reason its ``why`` declares; ``fixed_if``: only where that key is true in
+the composed config), ``free`` (how the run executes or reads its data: takes effect as given; the default) and
+``ignored`` (where the run is and resumes from). A refused key whose value the checkpoint's state holds
+(``augment.p``, ``model.d_fourier_scale``, ``data.classes``: the grids' rows) is set on the restored state when
+allowed (gan/training/resume.py).
+
+A key may also declare the ``values`` it takes (``trainer.precision``): :func:`conform` refuses any other, with
+its ``meaning``.
 """
 
 from __future__ import annotations
@@ -32,18 +40,27 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from gan.errors import ConfigError, unknown_key
 from gan.run.settings import EvalSettings
 
-RESUME_POLICIES = ("applied", "refused", "free", "ignored")
+RESUME_POLICIES = ("applied", "refused", "fixed", "free", "ignored")
 
 
-def key(*, least: int | None = None, meaning: str = "", also: tuple[Any, ...] = (), resume: str | None = None,
-        before: Any = NO_DEFAULT) -> Any:
+def key(*, least: int | None = None, meaning: str = "", also: tuple[Any, ...] = (), values: tuple[str, ...] = (),
+        resume: str | None = None, fixed_if: str = "", why: str = "", before: Any = NO_DEFAULT) -> Any:
     """A config key's declaration: ``least`` its lower bound (``meaning``: what the key is, for the error;
-    ``also``: values below it that mean something), ``resume`` what a resume may do with it, ``before`` the value
-    runs from before the key existed trained with."""
+    ``also``: values below it that mean something), or the only ``values`` it takes (``meaning``: the error's
+    reason and advice), ``resume`` what a resume may do with it (``why``: for ``fixed``, why not even
+    resume.allow_changes=true may change it; ``fixed_if``: a key of the composed config, where it is true this key is
+    ``fixed`` for that reason), ``before`` the value runs from before the key existed trained with."""
     assert resume is None or resume in RESUME_POLICIES, resume
+    assert (resume == "fixed" or bool(fixed_if)) == bool(why), why
     declared: dict[str, Any] = {"least": least, "meaning": meaning, "also": also} if least is not None else {}
+    if values:
+        declared.update(values=values, meaning=meaning)
     if resume is not None:
         declared["resume"] = resume
+    if fixed_if:
+        declared["fixed_if"] = fixed_if
+    if why:
+        declared["why"] = why
     if before is not NO_DEFAULT:
         declared["before"] = before
     return field(default=MISSING, metadata=declared)
@@ -109,7 +126,9 @@ class Reg:
 class Augment:
     name: str = MISSING
     policy: list[str] = MISSING
-    p: float = MISSING
+    # DiffAugment's p is a setting, set on the restored state; ADA's is the run's state, which augment.p only started
+    p: float = key(fixed_if="augment.adaptive", why="under ADA (augment.adaptive=true) p moves with the run, and the "
+                   "checkpoint holds where it got to, which a resume restores: augment.p is only where it started")
     adaptive: bool = MISSING
     target: float = MISSING  # ada
     interval: int = MISSING
@@ -118,7 +137,8 @@ class Augment:
 
 @dataclass
 class Optimizer:
-    _target_: str = MISSING
+    _target_: str = key(resume="fixed", why="the checkpoint holds the state of the optimizer it trained with, which a "
+                                            "resume restores")
     _partial_: bool = MISSING
     lr: float = key(resume="applied")
     betas: list[float] = key(resume="applied")
@@ -129,7 +149,12 @@ class Optimizer:
 class Optim:
     g: Optimizer = section(Optimizer)
     d: Optimizer = section(Optimizer)
-    decay: str = key(before="constant")  # constant or linear
+    decay: str = key(resume="fixed", why="the checkpoint holds the learning-rate schedules it trained with (none for "
+                     "constant), which a resume restores", before="constant")  # constant or linear
+
+
+# trainer.precision: Lightning's precisions in which the loop trains (float32 weights), and their aliases.
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "32", "bf16", "16")
 
 
 @dataclass
@@ -141,7 +166,9 @@ class Trainer:
                        also=(-1,))
     num_nodes: int = key(least=1, meaning="machines the run spans")
     strategy: str = MISSING
-    precision: str = MISSING
+    precision: str = key(values=PRECISIONS, meaning="the loop trains float32 weights, in float32 or under autocast "
+                         "(a *-true precision but 32-true would hold the weights themselves in that type): use "
+                         "trainer.precision=32-true, bf16-mixed (bfloat16 autocast) or 16-mixed (float16 autocast)")
     enable_progress_bar: bool = MISSING
     profiler: str | None = MISSING
     sync_batchnorm: bool = MISSING  # trainer=ddp
@@ -165,13 +192,21 @@ class EMA:
     start: int = key(least=0, meaning="generator steps during which the EMA copy follows G")
 
 
+# Why a resume may not change how many samples the grids show (log.num_samples, num_points, samples_per_class).
+FIXED_NOISE = ("the sample grids' fixed noise, of that many samples, is restored from the checkpoint so that grids "
+               "stay comparable")
+
+
 @dataclass
 class Log:
     every: int = key(least=1, meaning="generator steps between logged scalars")
     sample_every: int = key(least=1, meaning="generator steps between sample grids")
-    num_samples: int = MISSING
-    num_points: int = MISSING
-    samples_per_class: int = MISSING
+    num_samples: int = key(least=1, meaning="images in the sample grid of an unconditional run", resume="fixed",
+                           why=FIXED_NOISE)
+    num_points: int = key(least=1, meaning="generated points in the scatter plots of 2D data", resume="fixed",
+                          why=FIXED_NOISE)
+    samples_per_class: int = key(least=1, meaning="images per row of a conditional run's grid, a row per class or code",
+                                 resume="fixed", why=FIXED_NOISE)
 
 
 @dataclass
@@ -186,23 +221,29 @@ class Checkpoint:
     keep: int = key(least=0, meaning="periodic checkpoints kept besides last.ckpt; 0 keeps them all")
 
 
-def measuring(name: str, *extra: tuple[str, type]) -> type:
+def measuring(name: str, *extra: tuple[Any, ...]) -> type:
     """A schema with the fields of gan.run.settings.EvalSettings, which types what the metrics measure once
     (train.yaml's ``eval`` section, evaluate.yaml's top level), and the ``extra`` ones (which may retype
-    one of them)."""
+    one of them): each (name, type), or (name, type, its :func:`key` declaration)."""
     hints = get_type_hints(EvalSettings)
-    keys = {**{f.name: hints[f.name] for f in fields(EvalSettings)}, **dict(extra)}
-    return make_dataclass(name, [(key, kind, field(default=MISSING)) for key, kind in keys.items()])
+    keys = {f.name: (f.name, hints[f.name]) for f in fields(EvalSettings)} | {spec[0]: spec for spec in extra}
+    return make_dataclass(name, [(key, spec[1], spec[2] if len(spec) > 2 else field(default=MISSING))
+                                 for key, spec in keys.items()])
 
 
 # num_samples may be null: the data's protocol count (gan.run.settings).
-Eval = measuring("Eval", ("every", int), ("num_samples", int | None))
+Eval = measuring("Eval", ("every", int, key(least=0, meaning="generator steps between evaluations; 0: none")),
+                 ("num_samples", int | None))
+
+
+# Why a resume may not change which blocks are frozen (finetune.freeze_d, freeze_g).
+FROZEN = "the checkpoint's optimizers hold the parameters that trained and their state, which a resume restores"
 
 
 @dataclass
 class Finetune:
-    freeze_d: Any = key(before=0)  # a number of blocks, or a list of block names
-    freeze_g: Any = key(before=0)
+    freeze_d: Any = key(resume="fixed", why=FROZEN, before=0)  # a number of blocks, or a list of block names
+    freeze_g: Any = key(resume="fixed", why=FROZEN, before=0)
 
 
 @dataclass
@@ -219,10 +260,13 @@ class Paths:
 class TrainConfig:
     """configs/train.yaml."""
 
-    seed: int = key(resume="refused")
+    seed: int = key(resume="fixed", why="the checkpoint holds the random streams drawn from it and the sample grids' "
+                    "noise, which a resume restores")
     ckpt_path: str | None = key(resume="ignored")
-    init_from: str | None = key(resume="refused", before=None)  # what a fine-tuning run started from
-    finetune: Finetune = section(Finetune, resume="refused")
+    # what a fine-tuning run started from
+    init_from: str | None = key(resume="fixed", why="a resume takes the weights from ckpt_path, and init_from is only "
+                                "the record of where the run started", before=None)
+    finetune: Finetune = section(Finetune)
     audit: bool = key(resume="applied", before=False)
     resume: Resume = section(Resume, resume="ignored")
     metric: str | None = MISSING
@@ -291,7 +335,13 @@ def conform(cfg: DictConfig, schema: type) -> DictConfig:
     except ValidationError as e:  # a value of the wrong type
         raise ConfigError(f"{e.full_key}={e.value}: {e.msg.splitlines()[0]}") from None
     # Only the keys cfg has: the schema of an option group also lists the keys of the other options.
-    return OmegaConf.create(chosen(OmegaConf.to_container(typed), OmegaConf.to_container(cfg)))
+    conformed = OmegaConf.create(chosen(OmegaConf.to_container(typed), OmegaConf.to_container(cfg)))
+    for name, declared in declarations(schema).items():  # keys that take only some values
+        value = (OmegaConf.select(conformed, name, default=None, throw_on_resolution_failure=False)
+                 if "values" in declared else None)
+        if value is not None and value not in declared["values"]:
+            raise ConfigError(f"{name}={value}: {declared['meaning']}")
+    return conformed
 
 
 def chosen(typed: Any, given: Any) -> Any:

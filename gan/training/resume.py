@@ -4,19 +4,28 @@ declares its key (:func:`gan.run.schema.resume_policy`).
 
 * **Applied**: the learning rates and betas of ``optim.g`` and ``optim.d`` are set on the optimizers and
   their schedules after they are restored from the checkpoint (which would otherwise bring back
-  the old ones); ``trainer.max_steps``, ``log.*``, ``checkpoint.*``, ``eval.*``, ``train.skip_nonfinite``,
-  ``audit`` and ``timing.*`` are read from the config as it is now. One log line each.
+  the old ones); ``trainer.max_steps``, ``log.*`` (but the grids' sizes), ``checkpoint.*``, ``eval.*``,
+  ``train.skip_nonfinite``, ``audit`` and ``timing.*`` are read from the config as it is now. One log line each.
 * **Refused**: what defines the networks, the objective or the data -- ``model.*``, ``loss.*``,
   ``reg.*``, ``augment.*``, ``data.*`` (but how it is read), ``train.batch_size``,
-  ``train.z_dim``, ``train.d_steps``, ``seed``, ``ema.*``, the rest of ``optim.*`` (the optimizer's
-  class and options, the decay), ``init_from`` and ``finetune.*`` (what the run started from and froze):
+  ``train.z_dim``, ``train.d_steps``, ``ema.*``, the optimizers' other options:
   a run so resumed would no longer be the run its checkpoint continues.
   One ConfigError line lists them and the overrides that resume as trained;
-  ``resume.allow_changes=true`` goes on with them, one warning line each.
+  ``resume.allow_changes=true`` goes on with them, one warning line each. Those whose value the checkpoint's
+  state holds are set on it once restored (:func:`restore`): DiffAugment's ``augment.p``, the scale of D's Fourier
+  features (``model.d_fourier_scale``), and the classes of the grids' rows (``data.classes``).
+* **Fixed**: what the checkpoint's state holds and the resume restores, so that no change could take effect --
+  which parameters the optimizers hold (``finetune.*``), their class (``optim.*._target_``) and schedules
+  (``optim.decay``), the weights' source (``init_from``), the grids' fixed noise (``log.num_samples``,
+  ``num_points``, ``samples_per_class``), the random streams (``seed``), where ADA's p started (``augment.p`` under
+  ``augment.adaptive=true``): refused in one line even with ``resume.allow_changes=true``, saying why (its
+  declaration's ``why``) and how to resume as trained, or start a new run from the checkpoint's weights
+  (``init_from=<the checkpoint>``) with the change.
 * Everything else -- how the run is executed (``trainer.*`` devices, precision, strategy, progress bar,
-  profiler; ``train.channels_last``, ``train.compile``, ``train.threads``, ``optim.*.fused``) and how the data
-  is read (``data.num_workers``, ``preload``, ``root``, ``download``, ``channels_last``) -- takes effect as given,
-  one log line each. ``ckpt_path``, ``paths.*`` and ``resume.*`` are ignored.
+  profiler; ``train.channels_last``, ``train.compile``, ``train.threads``, ``optim.*.fused``, set on the restored
+  optimizers) and how the data is read (``data.num_workers``, ``preload``, ``root``, ``download``,
+  ``channels_last``) -- takes effect as given, one log line each. ``ckpt_path``, ``paths.*`` and ``resume.*`` are
+  ignored.
 """
 
 from __future__ import annotations
@@ -28,13 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from gan.core.models import FourierFeatures
 from gan.errors import ConfigError
 from gan.run.legacy import upgrade_config
-from gan.run.schema import resume_policy
+from gan.run.schema import DECLARED, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +62,18 @@ class Change:
     key: str
     before: Any
     after: Any
+    fixed_here: bool = False  # fixed by the composed config: the key declares fixed_if, and that key is true
 
     @property
     def kind(self) -> str:
-        """``applied``, ``refused`` or ``free``: as gan/run/schema.py declares the key (see the module's docstring)."""
-        return resume_policy(self.key)
+        """``applied``, ``refused``, ``fixed`` or ``free``: as gan/run/schema.py declares the key (see the module's
+        docstring)."""
+        return "fixed" if self.fixed_here else resume_policy(self.key)
+
+    @property
+    def why(self) -> str:
+        """Why a resume cannot change a ``fixed`` key (its declaration's)."""
+        return DECLARED[self.key]["why"]
 
     def describe(self) -> str:
         return f"{self.key}={shown(self.before)} there, {shown(self.after)} here"
@@ -98,8 +116,8 @@ def changes(saved: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
         upgrade_config(cfg)
     before, after = flatten(saved), flatten(composed)
     keys = [*after, *(k for k in before if k not in after)]
-    return [Change(k, before.get(k, UNSET), after.get(k, UNSET)) for k in keys
-            if resume_policy(k) != "ignored" and not same(before.get(k, UNSET), after.get(k, UNSET))]
+    return [Change(k, before.get(k, UNSET), after.get(k, UNSET), after.get(DECLARED.get(k, {}).get("fixed_if")) is True)
+            for k in keys if resume_policy(k) != "ignored" and not same(before.get(k, UNSET), after.get(k, UNSET))]
 
 
 def same(a: Any, b: Any) -> bool:
@@ -134,8 +152,9 @@ def as_trained(refused: list[Change], follow: set[str]) -> list[str]:
 
 
 def check_changes(found: list[Change], cfg: DictConfig, listed: int = 4) -> None:
-    """Refuse the changes a resume (``cfg.ckpt_path``) may not make, unless ``cfg.resume.allow_changes``: one
-    line naming them and the overrides that undo them."""
+    """Refuse the changes a resume (``cfg.ckpt_path``) may not make: the fixed ones always, the refused ones unless
+    ``cfg.resume.allow_changes``; one line naming them and the overrides that undo them."""
+    check_fixed([c for c in found if c.kind == "fixed"], cfg)
     refused = [c for c in found if c.kind == "refused"]
     if not refused or cfg.resume.allow_changes:
         return
@@ -150,6 +169,22 @@ def check_changes(found: list[Change], cfg: DictConfig, listed: int = 4) -> None
                       f"{trained}, or add resume.allow_changes=true to go on with these on purpose")
 
 
+def check_fixed(fixed: list[Change], cfg: DictConfig) -> None:
+    """Refuse ``fixed`` changes whatever ``resume.allow_changes`` says: one line naming them and why, the overrides
+    that resume as trained, and the new run from the checkpoint's weights that makes them."""
+    if not fixed:
+        return
+    why = "; ".join(dict.fromkeys(c.why for c in fixed))  # each reason once
+    undo = " ".join(as_trained(fixed, interpolated(cfg))) or "the overrides it was trained with"
+    # a new run from this checkpoint's weights makes every change but one of init_from, which it sets itself
+    start = shlex.quote(f"init_from={cfg.ckpt_path}")
+    fresh = (f", or start a new run from these weights: the same overrides with {start} in place of ckpt_path (and of "
+             "any init_from), in a new hydra.run.dir" if any(c.key != "init_from" for c in fixed) else "")
+    raise ConfigError(f"ckpt_path={cfg.ckpt_path}: {'; '.join(c.describe() for c in fixed)}: {why}, so a resume "
+                      f"cannot change {'it' if len(fixed) == 1 else 'them'}, not even with resume.allow_changes=true: "
+                      f"resume with {undo}{fresh}")
+
+
 def log_changes(found: list[Change]) -> None:
     """One line per change a resume makes."""
     for c in found:
@@ -162,22 +197,46 @@ def log_changes(found: list[Change]) -> None:
 
 
 def apply_on_resume(optim: dict[str, Any], optimizers: list[Optimizer], schedules: list[LambdaLR]) -> None:
-    """Set the learning rates and betas of ``optim`` (the composed config's ``optim`` section) on G's and D's
-    ``optimizers`` and the base learning rates of their ``schedules`` (none, or one each), once both are
-    restored from the checkpoint. A schedule's current rate is its factor at the restored step times the
-    new base rate: optim.decay=linear goes on along the new line."""
+    """Set the learning rates, betas and ``fused`` of ``optim`` (the composed config's ``optim`` section) on G's and
+    D's ``optimizers`` and the base learning rates of their ``schedules`` (none, or one each), once both are
+    restored from the checkpoint, whose parameter groups hold the options it was trained with. A schedule's current
+    rate is its factor at the restored step times the new base rate: optim.decay=linear goes on along the new line."""
     for k, (optimizer, settings) in enumerate(zip(optimizers, [optim["g"], optim["d"]])):
         schedule = schedules[k] if schedules else None
+        lr = float(settings["lr"])
+        state = optimizer.state_dict()
         if schedule is not None:
-            schedule.base_lrs = [float(settings["lr"])] * len(optimizer.param_groups)
-        for i, group in enumerate(optimizer.param_groups):
-            lr = float(settings["lr"])
+            schedule.base_lrs = [lr] * len(state["param_groups"])
+        for i, group in enumerate(state["param_groups"]):
             if "initial_lr" in group:  # set by a schedule: the rate it started from
                 group["initial_lr"] = lr
-            if schedule is not None:
-                lr = schedule.base_lrs[i] * schedule.lr_lambdas[i](schedule.last_epoch)
-            group["lr"] = lr
+            group["lr"] = lr if schedule is None else schedule.base_lrs[i] * schedule.lr_lambdas[i](schedule.last_epoch)
             if "betas" in group and "betas" in settings:
                 group["betas"] = tuple(float(b) for b in settings["betas"])
+            if "fused" in group and "fused" in settings:
+                group["fused"] = bool(settings["fused"])
+        optimizer.load_state_dict(state)  # torch keeps each state as its group's options need (fused: on the device)
         if schedule is not None:
             schedule._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() returns
+
+
+@torch.no_grad()
+def restore(module: torch.nn.Module, checkpoint: dict[str, Any], composed: dict[str, Any], found: list[Change]) -> None:
+    """Load the checkpoint's state into ``module`` (a GANModule built from the ``composed`` config, a plain
+    container), then set on it what the config says of that state where a resume changes it on purpose
+    (``found``, resume.allow_changes=true), which the checkpoint's buffers would otherwise bring back: DiffAugment's
+    p, the scale of D's Fourier features, the classes of the grids' rows."""
+    fourier = [m for m in module.D.modules() if isinstance(m, FourierFeatures)]
+    drawn = [m.frequencies.clone() for m in fourier]  # this config's, drawn at its scale from its seed
+    labels = module.sample_labels.clone()  # a function of the config: a row per class trained on
+    module.load_state_dict(checkpoint["state_dict"])
+    changed = {c.key: c for c in found}
+    augment = module.objective.augment
+    if augment is not None and not augment.adaptive:  # DiffAugment's p is its setting (ADA's: fixed, schema.py)
+        augment.p.fill_(float(composed["augment"]["p"]))
+    if "model.d_fourier_scale" in changed:
+        before, after = (float(getattr(changed["model.d_fourier_scale"], end)) for end in ("before", "after"))
+        for features, fresh in zip(fourier, drawn):  # the same directions at the new scale; from 0, this config's
+            features.frequencies.copy_(features.frequencies * (after / before) if before else fresh)
+    if "data.classes" in changed:
+        module.sample_labels.copy_(labels)
