@@ -46,19 +46,23 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
     ``run_dir`` takes the place of ``hydra.run.dir`` (default: ``outputs/<date>/<time>`` under the
     current directory, as train.py's).
     """
-    from gan.training.checks import check_before_writing
+    from gan.run.hold import holding
+    from gan.training.checks import check_before_writing, check_writable
     from gan.training.loop import train as fit
 
     run = Path(run_dir) if run_dir is not None else new_run_dir()
     cfg = compose(*overrides, run_dir=run)
-    # train.py's checks before anything is written (Hydra's callback makes the same), then what Hydra
-    # would write: the composed config, which evaluate.py looks for, and the overrides.
-    check_before_writing(cfg, run)
-    (run / ".hydra").mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
-    OmegaConf.save(OmegaConf.create(list(overrides)), run / ".hydra" / "overrides.yaml")
-    with log_file(run / "train.log"):
-        module = fit(cfg)
+    # train.py's checks before anything is written (Hydra's callback makes the same, and holds the run first:
+    # gan/run/hold.py), then what Hydra would write: the composed config, which evaluate.py looks for, and the
+    # overrides.
+    check_writable(run)
+    with holding(run, "training", "wait until it ends, or train into another run_dir"):
+        check_before_writing(cfg, run)
+        (run / ".hydra").mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+        OmegaConf.save(OmegaConf.create(list(overrides)), run / ".hydra" / "overrides.yaml")
+        with log_file(run / "train.log"):
+            module = fit(cfg)
     return Run(run, {**module.last_losses, **module.last_metrics})
 
 

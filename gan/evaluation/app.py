@@ -17,7 +17,6 @@ from torch.utils.tensorboard import SummaryWriter
 
 from gan.core import snapshot
 from gan.core.devices import resolve_device
-from gan.core.models import balanced_labels
 from gan.data.datasets import data_shape, is_points, mixture_means, population
 from gan.errors import ConfigError
 from gan.evaluation.features import to_uint8
@@ -25,6 +24,7 @@ from gan.evaluation.metrics import build_metrics, scalars
 from gan.evaluation.pictures import real_points_for_plot, render_interpolation, render_samples, save_pngs
 from gan.evaluation.sampling import interpolate, sample_and_score
 from gan.files import atomic_write
+from gan.run.hold import EVALUATE_FIX, holding
 from gan.run.load import find_checkpoint, load_module
 from gan.run.module import GANModule
 from gan.run.schema import EvaluateConfig, conform
@@ -94,16 +94,30 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard, and what
     ``images=``, ``snapshot=true`` and ``export=`` ask for.
 
-    Every check that can fail on bad input runs before the first file is written.
+    Every check that can fail on bad input runs before the first file is written. The run is held while it is
+    scored: refused while another process trains or evaluates it (gan/run/hold.py).
     """
     cfg = conform(cfg, EvaluateConfig)
-    run, ckpt_path = find_checkpoint(None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir, cfg.ckpt)
+    run_dir = None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir
+    with holding(None if run_dir is None else Path(run_dir).expanduser(), "evaluating", EVALUATE_FIX, create=False):
+        return score(cfg, run_dir)
+
+
+def score(cfg: DictConfig, run_dir: str | None) -> dict[str, Any]:
+    """:func:`evaluate_run`, with its run held."""
+    run, ckpt_path = find_checkpoint(run_dir, cfg.ckpt)
     exports = export_kinds(cfg.export)
     device = resolve_device(cfg.device)
     module = load_module(ckpt_path).to(device)
     run_cfg = module.cfg
     images = image_directory(cfg.images, run_cfg["data"])
     settings = EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg), run_cfg["data"]["name"])
+    # The scored samples' labels cycle through the classes G was trained on; a latent code was drawn at random
+    # (sampling.py).
+    classes = module.condition.classes
+    if settings.num_samples < classes:  # a class without samples: no row of the grid, no per-class scores
+        raise ConfigError(f"num_samples={settings.num_samples}: this run's G was trained on {classes} classes, and "
+                          f"each needs its samples: give num_samples >= {classes}")
     generator, tag = choose_generator(module, cfg.ema)
     dataset = population(run_cfg["data"], run_cfg["seed"])  # all images of data.classes, not only data.limit
     metrics = build_metrics(run_cfg["data"], dataset, settings, device)
@@ -118,8 +132,6 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     out = run / "eval"
     atomic_write(out / "metrics.json", lambda f: f.write((json.dumps(result, indent=2) + "\n").encode()))
     points = is_points(module.data_shape)
-    # The scored samples' labels cycle through the classes; a latent code was drawn at random (sampling.py).
-    classes = module.condition.classes
     # Points keep their coordinates; images are stored as the 8-bit pixels a PNG would hold.
     stored = samples.cpu().numpy().astype(np.float32) if points else to_uint8(samples).cpu().numpy()
     atomic_write(out / "samples.npz", lambda f: np.savez_compressed(f, samples=stored))
@@ -133,7 +145,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     render_samples(samples, out / "grid.png", writer, f"eval/grid{suffix}", step, num_classes=classes,
                    real_points=real_points, means=means, title=title)
     steps = POINT_STEPS if points else IMAGE_STEPS
-    render_interpolation(interpolate(module, module.condition.values or PATHS, steps, cfg.seed), steps,
+    render_interpolation(interpolate(module, len(module.condition.seen) or PATHS, steps, cfg.seed), steps,
                          out / "interpolation.png", writer, f"eval/interpolation{suffix}", step,
                          real_points=real_points, means=means,
                          title=f"step {step}: paths between noise vectors (slerp)" if points else "")
@@ -142,7 +154,7 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     writer.close()
     written = [out / "metrics.json", out / "samples.npz", out / "grid.png", out / "interpolation.png"]
     if images is not None:  # the scored samples themselves, as the 8-bit pixels samples.npz holds
-        labels = balanced_labels(len(stored), classes).numpy() if classes else None
+        labels = module.condition.cycle(len(stored)).numpy() if classes else None
         save_pngs(stored, labels, images)
         written.append(images)
     if cfg.snapshot or exports:

@@ -3,6 +3,7 @@ failure is a ConfigError that names the value and the fix."""
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch
 from hydra.experimental.callback import Callback
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from gan.cli import reported
@@ -19,8 +21,10 @@ from gan.errors import ConfigError
 from gan.run.build import build_module
 from gan.run.checkpoint import mismatched, read_checkpoint
 from gan.run.finetune import init_checkpoint, start_from
-from gan.run.module import GANModule
+from gan.run.hold import TRAIN_FIX, held_for_task
+from gan.run.module import LR_DECAYS, GANModule
 from gan.run.schema import DECLARED, TrainConfig, conform
+from gan.run.settings import EvalSettings
 from gan.training.loggers import check_loggers
 from gan.training.resume import Change, changes, check_changes
 
@@ -63,21 +67,28 @@ def validate(cfg: DictConfig) -> DictConfig:
         if isinstance(value, int) and not isinstance(value, bool) and value < least and value not in declared["also"]:
             raise ConfigError(f"{key}={value}: it must be >= {least} ({declared['meaning']})")
     for network in ("g", "d"):
-        lr = cfg.optim[network].lr
-        if not lr > 0:  # NaN too
-            raise ConfigError(f"optim.{network}.lr={lr}: a learning rate must be > 0")
+        check_optimizer(f"optim.{network}", cfg.optim[network])
+    if cfg.optim.decay not in LR_DECAYS:
+        raise ConfigError(f"optim.decay={cfg.optim.decay}: use optim.decay=constant (the same learning rates "
+                          "throughout) or optim.decay=linear (each falls linearly to 0 at the last generator step)")
     if not 0 <= cfg.ema.decay < 1:
         raise ConfigError(f"ema.decay={cfg.ema.decay}: it must be in [0, 1) (0.999 averages over about the "
                           "last 1,000 generator steps)")
     if not is_points(data_shape(cfg.data)) and (cfg.data.image_size < 1 or cfg.data.channels not in (1, 3)):
         raise ConfigError(f"data.image_size={cfg.data.image_size}, data.channels={cfg.data.channels}: images need a "
                           "size >= 1 (model=dcgan: >= 4) and 1 (grayscale) or 3 (RGB) channels")
+    if is_points(data_shape(cfg.data)) and (cfg.data.get("classes") is not None or cfg.data.get("limit") is not None):
+        raise ConfigError(f"data.classes and data.limit choose images of labelled image data; data={cfg.data.name} "
+                          "draws its 2D points from every mode: drop them (data.num_points sets how many points)")
+    if cfg.eval.every:  # what the run measures every eval.every generator steps
+        EvalSettings.from_config(cfg.eval, cfg.data.name, prefix="eval.")
     d_classifies(cfg.model)  # refuses an unknown model.d_condition, or a bad model.codes, before the run dir is made
     if cfg.trainer.strategy == "ddp":
-        raise ConfigError("trainer.strategy=ddp wraps the whole module in one DistributedDataParallel, which fails "
-                          "when a backward leaves parameters without gradients, as every GAN step does (fake.detach(), "
-                          f"frozen D): use trainer=ddp ({SEPARATE_DDP}: G and D wrapped separately) or "
-                          "trainer=ddp_find_unused")
+        raise ConfigError("trainer.strategy=ddp is not one of the loop's DDP settings: the loop wraps G and D in a "
+                          "DistributedDataParallel each, either without the unused-parameter search and with rank 0's "
+                          "buffers copied once a step, or with the search at every backward and the buffers broadcast "
+                          f"at every forward: use trainer=ddp ({SEPARATE_DDP}, the first) or trainer=ddp_find_unused "
+                          "(the second)")
     check_accelerator(str(cfg.trainer.accelerator))
     if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
         raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
@@ -98,6 +109,28 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.init_from is not None and cfg.ckpt_path is None:  # a resume takes its weights from ckpt_path
         init_checkpoint(cfg.init_from)
     return cfg
+
+
+def check_optimizer(name: str, optimizer: DictConfig) -> None:
+    """Refuse an optimizer (``optim.g``, ``optim.d``) whose hyper-parameters lie out of range, or that torch cannot
+    build from its keys: torch would refuse it with a traceback once the run directory is written, or not at all
+    (three betas fail only at the first step)."""
+    lr, betas = optimizer.lr, optimizer.get("betas")
+    if not 0 < lr < math.inf:  # NaN too
+        raise ConfigError(f"{name}.lr={lr}: a learning rate must be > 0 and finite, e.g. {name}.lr=2e-4")
+    if betas is not None and (len(betas) != 2 or not all(0 <= beta < 1 for beta in betas)):
+        raise ConfigError(f"{name}.betas={list(betas)}: Adam's betas are two numbers in [0, 1), the decay rates of "
+                          f"its running gradient mean and square: e.g. {name}.betas=[0.5,0.999]")
+    if not optimizer._partial_:
+        raise ConfigError(f"{name}._partial_=false: the run passes each network's parameters to its "
+                          f"optimizer: set {name}._partial_=true")
+    try:  # on one parameter: what torch refuses of any optimizer's keys, as the run would build it
+        instantiate(optimizer)([torch.zeros(1, requires_grad=True)])
+    except Exception as e:  # a class that is no optimizer, or does not take these keys
+        keys = ", ".join(k for k in optimizer if not k.startswith("_"))
+        raise ConfigError(f"{name}._target_={optimizer._target_} cannot be built with {keys} "
+                          f"({type(e).__name__}: {str(e).splitlines()[0]}): give a torch.optim optimizer that "
+                          f"takes them, e.g. {name}._target_=torch.optim.Adam") from None
 
 
 # trainer.accelerator values that name a kind of device, and whether this machine has one (Lightning's own
@@ -139,7 +172,9 @@ class CheckBeforeWriting(Callback):
         task["paths"]["run_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} will be; not set yet
         with reported():  # Hydra turns an exception raised in a callback into a warning, and runs on
             check_run_dir_key(OmegaConf.to_container(config, resolve=False)["paths"]["run_dir"])
-            check_before_writing(OmegaConf.create(task), run_dir)
+            check_writable(run_dir)
+            with held_for_task(run_dir, "training", TRAIN_FIX):  # before Hydra writes .hydra/ (gan/run/hold.py)
+                check_before_writing(OmegaConf.create(task), run_dir)
 
 
 def check_before_writing(cfg: DictConfig, run_dir: Path) -> None:
@@ -165,8 +200,8 @@ def check_finetune(cfg: DictConfig) -> None:
     starts = (cfg.init_from is not None and cfg.ckpt_path is None) or finetune["freeze_d"] or finetune["freeze_g"]
     dataset = build_dataset(data, cfg.seed) if subset or starts else None
     if starts:
-        start_from(build_module(container, data_shape(data), g_condition(container["model"], num_classes(dataset))),
-                   container)
+        condition = g_condition(container["model"], num_classes(dataset), data.get("classes"))
+        start_from(build_module(container, data_shape(data), condition), container)
 
 
 def check_resumable(module: GANModule, cfg: DictConfig) -> list[Change]:

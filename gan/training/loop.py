@@ -36,16 +36,17 @@ from gan.evaluation.pictures import real_points_for_plot
 from gan.run.build import build_module
 from gan.run.checkpoint import read_checkpoint, save_checkpoint
 from gan.run.finetune import start_from
+from gan.run.hold import TRAIN_FIX, holding
 from gan.run.module import GANModule, grad_norm
 from gan.run.settings import EvalSettings
 from gan.training.audit import AutogradAudit
-from gan.training.checks import SEPARATE_DDP, check_resumable, check_run_dir, check_writable, validate
+from gan.training.checks import SEPARATE_DDP, check_resumable, check_run_dir, check_writable, config_changes, validate
 from gan.training.guard import NonFiniteGuard
 from gan.training.host import launched_by, no_gpu_probe_per_step, slow_bf16_warning, torch_threads
 from gan.training.loggers import build_loggers, summary_writer
 from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
 from gan.training.profiling import build_profiler
-from gan.training.resume import apply_on_resume, log_changes
+from gan.training.resume import apply_on_resume, check_changes, log_changes, restore
 from gan.training.rng import restore_rng, rng_state, separate_rank_streams
 from gan.training.timing import StepTimer
 
@@ -76,7 +77,20 @@ class Training:
 
 def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns its module, with the
-    last logged losses and metrics in ``module.last_losses`` and ``module.last_metrics``."""
+    last logged losses and metrics in ``module.last_losses`` and ``module.last_metrics``. The run directory
+    is held while it trains: another process that would write there is refused (gan/run/hold.py)."""
+    run_dir = Path(cfg.paths.run_dir)
+    check_writable(run_dir)
+    threads = torch.get_num_threads()
+    try:
+        with holding(run_dir, "training", TRAIN_FIX):  # train.py: takes over the hold its Hydra callback took
+            return fit(cfg, probes)
+    finally:
+        torch.set_num_threads(threads)  # train.threads is the run's: a notebook or a test suite keeps its own count
+
+
+def fit(cfg: DictConfig, probes: Sequence[Probe]) -> GANModule:
+    """:func:`train`, in its held run directory."""
     cfg = validate(cfg)
     run_dir = Path(cfg.paths.run_dir)
     check_run_dir(run_dir, cfg.ckpt_path)
@@ -93,14 +107,17 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
     fabric.seed_everything(cfg.seed, workers=True, verbose=False)
     data = GANData(container["data"], cfg.train.batch_size, cfg.train.d_steps, cfg.seed)
-    condition = g_condition(container["model"], num_classes(data.dataset))  # what G takes beside its noise
+    # What G takes beside its noise, and which of the data's classes it trains on.
+    condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
     module = build_module(container, data_shape(container["data"]), condition)
     module.global_rank = fabric.global_rank
     checkpoint = None
     if cfg.ckpt_path is not None:
-        log_changes(check_resumable(module, cfg))
         checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
-        module.load_state_dict(checkpoint["state_dict"])
+        check_changes(config_changes(checkpoint, container), cfg)  # train.py's line first, as it refuses a change
+        found = check_resumable(module, cfg)
+        log_changes(found)
+        restore(module, checkpoint, container, found)  # with what the config changes of the restored state
     # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
     for line in start_from(module, container, checkpoint):
         if fabric.is_global_zero:
@@ -166,7 +183,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
                               fabric.is_global_zero, lambda: kill_other_ranks(fabric))
     metrics = (Metrics(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed, loggers)
                if cfg.eval.every else None)
-    step_timer = StepTimer(timer, cfg.log.every, cfg.train.batch_size * fabric.world_size, loggers) \
+    step_timer = StepTimer(timer, cfg.train.batch_size * fabric.world_size, loggers) \
         if cfg.timing.enabled else None
     profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
     phases.labels = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
@@ -213,21 +230,22 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
                     update_statistics(run, result)
             timer.start("callbacks")  # what is due after the step, closed by the StepTimer
             g = module.counters.g
-            logged = g % log_every == 0
+            if g % agree_every == 0:
+                stop = agree_to_stop(fabric, checkpoints.stop_requested)
+            # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged.
+            logged = g % log_every == 0 or g == max_steps or stop
             if logged:
                 guard.read()  # a bad update stops the run before it is logged
                 log_step(module, result, loggers)
             if checker is not None:
                 checker.step_end()
-            if g % agree_every == 0:
-                stop = agree_to_stop(fabric, checkpoints.stop_requested)
             checkpoints.after_step(g, stop)
             samples.after_step(module)
             if metrics is not None and fabric.is_global_zero:
                 metrics.after_step(module)
                 module.last_metrics = metrics.last
             if step_timer is not None:
-                step_timer.after_step(g)
+                step_timer.after_step(g, logged)
             if progress is not None:
                 progress.after_step(module.last_losses, logged)
             for probe in probes:
@@ -399,11 +417,10 @@ def describe_networks(module: GANModule) -> str:
 
 def log_summary(module: GANModule, run_dir: Path, stopped_by: str | None = None) -> None:
     """What the run did and where to look next: on the console and in the run's log file (train.log)."""
-    step, every = module.counters.g, module.cfg["log"]["every"]
+    step = module.counters.g
     losses = [f"{name} {value:.4g}" for name, value in module.last_losses.items()]
-    # Losses are logged every log.every generator steps: the last values are from the last such step.
-    final = (f"final losses {', '.join(losses)} (generator step {step - step % every})" if losses
-             else f"no losses logged (log.every={every})")
+    # The loop logs the last step it trains: none logged means none trained (a resume at trainer.max_steps).
+    final = f"final losses {', '.join(losses)} (generator step {step})" if losses else "no generator step trained"
     how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
     log.info(f"Run {how} {step} generator steps in {run_dir}; {final}")
     # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
