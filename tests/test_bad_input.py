@@ -67,8 +67,42 @@ CONFIG_ERRORS = {
     ("trainer.devices=0",): "error: trainer.devices=0: it must be >= 1 (devices per node; -1: all of them; or auto, or "
                             "a list of device indices)",
     ("trainer.num_nodes=0",): "error: trainer.num_nodes=0: it must be >= 1 (machines the run spans)",
-    ("optim.d.lr=0",): "error: optim.d.lr=0.0: a learning rate must be > 0",
-    ("optim.g.lr=-1e-4",): "error: optim.g.lr=-0.0001: a learning rate must be > 0",
+    ("optim.d.lr=0",): "error: optim.d.lr=0.0: a learning rate must be > 0 and finite, e.g. optim.d.lr=2e-4",
+    ("optim.g.lr=-1e-4",): "error: optim.g.lr=-0.0001: a learning rate must be > 0 and finite, e.g. optim.g.lr=2e-4",
+    ("optim.g.lr=inf",): "error: optim.g.lr=inf: a learning rate must be > 0 and finite, e.g. optim.g.lr=2e-4",
+    ("optim.d.betas=[0.5,1.5]",): "error: optim.d.betas=[0.5, 1.5]: Adam's betas are two numbers in [0, 1), the decay "
+                                  "rates of its running gradient mean and square: e.g. optim.d.betas=[0.5,0.999]",
+    ("optim.g.betas=[0.9]",): "error: optim.g.betas=[0.9]: Adam's betas are two numbers in [0, 1), the decay rates of "
+                              "its running gradient mean and square: e.g. optim.g.betas=[0.5,0.999]",
+    ("optim.g.betas=[-0.1,0.9]",): "error: optim.g.betas=[-0.1, 0.9]: Adam's betas are two numbers in [0, 1), the "
+                                   "decay rates of its running gradient mean and square: e.g. "
+                                   "optim.g.betas=[0.5,0.999]",
+    ("optim.decay=cosine",): "error: optim.decay=cosine: use optim.decay=constant (the same learning rates "
+                             "throughout) or optim.decay=linear (each falls linearly to 0 at the last generator step)",
+    ("optim.g._target_=torch.optim.SGD",): "error: optim.g._target_=torch.optim.SGD cannot be built with lr, betas, "
+                                           "fused (TypeError: SGD.__init__() got an unexpected keyword argument "
+                                           "'betas'): give a torch.optim optimizer that takes them, e.g. "
+                                           "optim.g._target_=torch.optim.Adam",
+    ("optim.d._partial_=false",): "error: optim.d._partial_=false: the run passes each network's parameters to its "
+                                  "optimizer: set optim.d._partial_=true",
+    ("log.num_samples=0",): "error: log.num_samples=0: it must be >= 1 (images in the sample grid of an "
+                            "unconditional run)",
+    ("model.conditional=true", "log.samples_per_class=0"): "error: log.samples_per_class=0: it must be >= 1 (images "
+                                                           "per row of a conditional run's grid, a row per class or "
+                                                           "code)",
+    ("experiment=ring", "log.num_points=-5"): "error: log.num_points=-5: it must be >= 1 (generated points in the "
+                                              "scatter plots of 2D data)",
+    ("log.every=0",): "error: log.every=0: it must be >= 1 (generator steps between logged scalars)",
+    ("log.sample_every=-1",): "error: log.sample_every=-1: it must be >= 1 (generator steps between sample grids)",
+    ("checkpoint.every=0",): "error: checkpoint.every=0: it must be >= 1 (generator steps between periodic "
+                             "checkpoints)",
+    ("eval.every=-1",): "error: eval.every=-1: it must be >= 0 (generator steps between evaluations; 0: none)",
+    ("eval.every=3", "eval.num_samples=2"): "error: eval.num_samples=2, eval.num_real=10000: both must be at least 4 "
+                                            "(precision/recall looks at each sample's 3 nearest neighbours)",
+    ("eval.every=3", "eval.batch_size=0"): "error: eval.batch_size=0, eval.classifier_steps=500: both must be >= 1",
+    ("experiment=ring", "+data.classes=[0,1]"): "error: data.classes and data.limit choose images of labelled image "
+                                                "data; data=ring draws its 2D points from every mode: drop them "
+                                                "(data.num_points sets how many points)",
     ("ema.decay=1",): "error: ema.decay=1.0: it must be in [0, 1) (0.999 averages over about the last 1,000 "
                       "generator steps)",
     ("data.channels=2",): "error: data.image_size=16, data.channels=2: images need a size >= 1 (model=dcgan: >= 4) "
@@ -84,6 +118,35 @@ def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
         assert run_train(tmp_path / "run", *overrides) == 2, overrides
         assert one_line(capsys) == expected
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
+
+
+# A refused optimizer or schedule, and the override its line advises.
+OPTIMIZER_ADVICE = {
+    "optim.d.betas=[0.5,1.5]": "optim.d.betas=[0.5,0.999]",
+    "optim.g.betas=[0.9]": "optim.g.betas=[0.5,0.999]",
+    "optim.g.lr=inf": "optim.g.lr=2e-4",
+    "optim.decay=cosine": "optim.decay=linear",
+    "optim.g._target_=torch.optim.SGD": "optim.g._target_=torch.optim.Adam",
+    "optim.d._partial_=false": "optim.d._partial_=true",
+}
+
+
+def test_the_advice_of_each_optimizer_refusal_trains(tmp_path):
+    for bad, fix in OPTIMIZER_ADVICE.items():
+        with pytest.raises(ConfigError, match=re.escape(fix)):
+            validate(compose_config(*TINY, bad))
+        validate(compose_config(*TINY, bad, fix))
+    # Every fix at once, each after its refused value (the last override wins): a real run.
+    fixed = [o for pair in OPTIMIZER_ADVICE.items() for o in pair]
+    assert run_train(tmp_path / "run", *fixed, "trainer.max_steps=2") == 0
+    assert (tmp_path / "run" / "samples" / "step_000002.png").is_file()
+
+
+@pytest.mark.parametrize("overrides", [("log.num_samples=1",), ("model.conditional=true", "log.samples_per_class=1"),
+                                       ("experiment=ring", "log.num_points=1")])
+def test_the_smallest_grid_a_bound_allows_is_drawn(tmp_path, overrides):
+    assert run_train(tmp_path / "run", *overrides, "trainer.max_steps=1") == 0
+    assert (tmp_path / "run" / "samples" / "step_000001.png").stat().st_size > 100
 
 
 def test_a_run_directory_set_as_paths_run_dir_is_refused_and_hydra_run_dir_keeps_the_run_whole(tmp_path, capsys):

@@ -17,7 +17,9 @@ from conftest import CONFIGS, ROOT, compose_config, eval_settings, read_events, 
 from omegaconf import OmegaConf
 from PIL import Image
 
+from gan.core.snapshot import load_generator
 from gan.evaluation.sampling import slerp
+from gan.run.checkpoint import read_checkpoint
 from gan.run.settings import EvalSettings
 from gan.training.compose import compose
 
@@ -247,6 +249,81 @@ def test_conditional_ring_run_reports_mode_accuracy_and_g_without_ema(conditiona
     assert [e["num_samples"] for e in per_class.values()] == [313] * 4 + [312] * 4
     assert all(set(e) == {"num_samples", "accuracy"} and 0.0 <= e["accuracy"] <= 1.0 for e in per_class.values())
     assert [e.step for e in read_events(run / "tensorboard").Scalars("metrics/class_accuracy")] == [6, 6]
+
+
+@pytest.fixture(scope="session")
+def subset_run(tmp_path_factory, feature_cache) -> Path:
+    """A 6-step class-conditional digits run on the classes 5 and 6 alone, measuring its metrics at step 6."""
+    run_dir = tmp_path_factory.mktemp("runs") / "conditional_subset"
+    assert run_train(run_dir, "model.conditional=true", "data.classes=[6,5]", "eval.every=6", "eval.num_samples=100",
+                     f"eval.cache_dir={feature_cache}") == 0
+    return run_dir
+
+
+def test_a_conditional_run_on_some_classes_is_drawn_and_scored_on_those_classes_alone(subset_run, feature_cache,
+                                                                                       tmp_path):
+    """G's labels keep the data's values (one-hot rows of 7 for the largest, 6), but the classes 0 to 4, which it
+    never saw, are neither drawn nor scored: they counted as failures of class accuracy (1/7 of its classes)."""
+    run = copy_run(subset_run, tmp_path)
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["condition"] == {"kind": "classes", "values": 7, "subset": [5, 6]}
+    assert checkpoint["state_dict"]["sample_labels"].tolist() == [5, 6] * 8  # training's grids: a row per class
+    assert load_generator(run / "generator.pt").condition.labels(4).tolist() == [5, 6, 5, 6]
+    images = tmp_path / "pngs"
+    assert run_evaluate(f"run_dir={run}", "num_samples=100", f"cache_dir={feature_cache}", f"images={images}") == 0
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    per_class = metrics["per_class"]
+    assert list(per_class) == ["5", "6"] and [e["num_samples"] for e in per_class.values()] == [50, 50]
+    assert all(e["num_real"] > 150 and e["fid"] > 0 for e in per_class.values())
+    assert metrics["class_accuracy"] == pytest.approx(np.mean([e["accuracy"] for e in per_class.values()]))
+    assert metrics["classes_present"] <= 2  # of data.classes (class_kl and confident: over them too)
+    assert sorted(p.name for p in images.iterdir()) == ["5", "6"]
+    assert [len(list((images / k).iterdir())) for k in ("5", "6")] == [50, 50]
+    # The grid and the interpolation: a row per class trained on, 8 samples and 10 steps wide (16 px tiles).
+    width, height = Image.open(run / "eval" / "grid.png").size
+    assert height / width == pytest.approx((2 * 18 + 2) / (8 * 18 + 2))
+    assert Image.open(run / "eval" / "interpolation.png").size == (3 * (10 * 18 + 2), 3 * (2 * 18 + 2))
+    # During training (eval.every=6) the same classes were scored: the logged accuracy is theirs.
+    logged = read_events(run / "tensorboard").Scalars("metrics/class_accuracy")
+    assert [e.step for e in logged] == [6, 6] and logged[1].value == pytest.approx(metrics["class_accuracy"])
+
+
+def test_a_conditional_subset_run_written_before_its_condition_named_the_classes(subset_run, feature_cache,
+                                                                                  tmp_path):
+    """Its checkpoint: no subset in its condition, and the grid's fixed noise drawn for each label 0 to 6. Read,
+    it gets the subset and keeps the rows of classes 5 and 6: it evaluates on them, and resumes."""
+    run = copy_run(subset_run, tmp_path)
+    new = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    old = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    del old["hyper_parameters"]["condition"]["subset"]
+    labels = torch.arange(7 * 8) % 7
+    noise = torch.randn(len(labels), new["state_dict"]["sample_noise"].shape[1])
+    noise[torch.isin(labels, torch.tensor([5, 6]))] = new["state_dict"]["sample_noise"]
+    old["state_dict"]["sample_noise"], old["state_dict"]["sample_labels"] = noise, labels
+    torch.save(old, tmp_path / "old.ckpt")
+    read = read_checkpoint(tmp_path / "old.ckpt", "ckpt")
+    assert read["hyper_parameters"]["condition"] == new["hyper_parameters"]["condition"]
+    for name in ("sample_noise", "sample_labels"):
+        assert torch.equal(read["state_dict"][name], new["state_dict"][name])
+    assert run_evaluate(f"run_dir={run}", f"ckpt={tmp_path / 'old.ckpt'}", "num_samples=100",
+                        f"cache_dir={feature_cache}") == 0
+    assert list(json.loads((run / "eval" / "metrics.json").read_text())["per_class"]) == ["5", "6"]
+    assert run_train(tmp_path / "resumed", "model.conditional=true", "data.classes=[6,5]", "eval.every=6",
+                     "eval.num_samples=100", f"eval.cache_dir={feature_cache}", f"ckpt_path={tmp_path / 'old.ckpt'}",
+                     "trainer.max_steps=7") == 0
+
+
+def test_fewer_samples_than_a_conditional_runs_classes_are_refused_and_the_advice_evaluates(
+        conditional_digits_run, feature_cache, tmp_path, capsys):
+    run = copy_run(conditional_digits_run, tmp_path)
+    capsys.readouterr()
+    assert run_evaluate(f"run_dir={run}", "num_samples=5", f"cache_dir={feature_cache}") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: num_samples=5: this run's G was trained on 10 classes, and each needs its samples: give "
+        "num_samples >= 10"]
+    assert not (run / "eval").exists()
+    assert run_evaluate(f"run_dir={run}", "num_samples=10", f"cache_dir={feature_cache}") == 0
+    assert len(json.loads((run / "eval" / "metrics.json").read_text())["per_class"]) == 10
 
 
 def test_stacked_mnist_run_reports_its_mode_count_in_metrics_json_and_tensorboard(tmp_path):

@@ -15,6 +15,7 @@ code lets it send each value to its own mode.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,26 +204,39 @@ class Condition:
     generator.pt keep it (:meth:`as_dict`), and training, sampling, evaluation and export read it."""
 
     kind: str = "none"  # "none" | "classes" | "code"
-    values: int = 0  # the classes or the code's values: the width of the one-hot labels G takes
+    values: int = 0  # the data's largest label + 1, or the code's values: the width of the one-hot labels G takes
+    # The labels of a subset of the data's classes (data.classes) that G was trained on, in order; (): all values.
+    subset: tuple[int, ...] = ()
+
+    @property
+    def seen(self) -> tuple[int, ...]:
+        """The labels G was trained with, in order: the subset's classes, else every value (none: no label)."""
+        return self.subset or tuple(range(self.values))
 
     @property
     def classes(self) -> int:
-        """The data's classes that G's labels name (0 unless ``kind`` is "classes": a code names none)."""
-        return self.values if self.kind == "classes" else 0
+        """How many of the data's classes G was trained on (0 unless ``kind`` is "classes": a code names none)."""
+        return len(self.seen) if self.kind == "classes" else 0
+
+    def cycle(self, n: int) -> torch.Tensor:
+        """Labels for ``n`` samples cycling through those G was trained with (:func:`balanced_labels` over
+        :attr:`seen`: equal shares, the first ``k * len(seen)`` a grid of ``k`` rows); zeros, which G ignores, for
+        none."""
+        return torch.tensor(self.seen or (0,))[balanced_labels(n, len(self.seen))]
 
     def labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Labels for ``n`` samples as G learned them: a code drawn uniformly (its prior), classes balanced
-        (:func:`balanced_labels`); zeros, which G ignores, for none."""
+        """Labels for ``n`` samples as G learned them: a code drawn uniformly (its prior), classes balanced over
+        those it was trained on (:meth:`cycle`); zeros, which G ignores, for none."""
         if self.kind == "code":
             return torch.randint(self.values, (n,), generator=generator)
-        return balanced_labels(n, self.values)
+        return self.cycle(n)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "values": self.values}
+        return {"kind": self.kind, "values": self.values, **({"subset": list(self.subset)} if self.subset else {})}
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> Condition:
-        return cls(str(saved["kind"]), int(saved["values"]))
+        return cls(str(saved["kind"]), int(saved["values"]), tuple(int(c) for c in saved.get("subset", ())))
 
 
 UNCONDITIONAL = Condition()  # G of noise alone
@@ -240,9 +254,10 @@ def latent_codes(model_cfg: dict[str, Any]) -> int:
     return codes
 
 
-def g_condition(model_cfg: dict[str, Any], data_classes: int) -> Condition:
-    """The :class:`Condition` of the ``model`` config on data of ``data_classes`` labels (0: unlabelled);
-    a ConfigError for a bad latent code (:func:`latent_codes`) or ``conditional`` on unlabelled data."""
+def g_condition(model_cfg: dict[str, Any], data_classes: int, subset: Sequence[int] | None = None) -> Condition:
+    """The :class:`Condition` of the ``model`` config on data of ``data_classes`` labels (0: unlabelled), of
+    which the run trains on ``subset`` (``data.classes``; None: all); a ConfigError for a bad latent code
+    (:func:`latent_codes`) or ``conditional`` on unlabelled data."""
     codes = latent_codes(model_cfg)
     if codes:
         return Condition("code", codes)
@@ -250,7 +265,7 @@ def g_condition(model_cfg: dict[str, Any], data_classes: int) -> Condition:
         if not data_classes:
             raise ConfigError("model.conditional=true needs labelled data, and this data has no labels: "
                               "use model.conditional=false")
-        return Condition("classes", data_classes)
+        return Condition("classes", data_classes, tuple(sorted(set(subset))) if subset is not None else ())
     return UNCONDITIONAL
 
 

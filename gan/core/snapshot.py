@@ -9,7 +9,8 @@
     data          the dataset's name
     model         the run's ``model`` config (name, width or hidden and layers, ...)
     z_dim, data_shape, condition      G's input and output: z (N, z_dim) [and labels (N,)] -> (N, *data_shape);
-                  condition: {"kind": "none" | "classes" | "code", "values": K}, what the labels are
+                  condition: {"kind": "none" | "classes" | "code", "values": K}, what the labels are, and
+                  "subset": [the classes it trained on] for a run on some of the data's (data.classes)
     state_dict    G's weights and buffers (BatchNorm statistics)
 
 :func:`load_generator` rebuilds G from it: pure PyTorch, no Lightning or Hydra. :func:`export` writes
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gan.core.models import Condition, balanced_labels, build_generator, g_condition
+from gan.core.models import Condition, build_generator, g_condition
 from gan.errors import ConfigError, RunError
 from gan.files import atomic_write
 
@@ -98,9 +99,10 @@ def missing_packages(kind: str) -> list[str]:
 
 
 def example_inputs(generator: nn.Module, batch: int, seed: int) -> tuple[Tensor, ...]:
-    """Seeded noise (and balanced labels, for a conditional G): the inputs G is traced and checked with."""
+    """Seeded noise (and balanced labels of what it was trained with, for a conditional G): the inputs G is
+    traced and checked with."""
     z = torch.randn(batch, generator.z_dim, generator=torch.Generator().manual_seed(seed))
-    return (z, balanced_labels(batch, generator.condition.values)) if generator.condition.values else (z,)
+    return (z, generator.condition.cycle(batch)) if generator.condition.values else (z,)
 
 
 def input_names(generator: nn.Module) -> list[str]:

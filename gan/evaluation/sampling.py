@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from gan.core.models import Condition, balanced_labels
+from gan.core.models import Condition
 from gan.data.datasets import is_points
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, quantize
 from gan.run.settings import EvalSettings
@@ -39,9 +39,10 @@ def generate_samples(source: SampleSource, num_samples: int, seed: int, batch_si
     """``num_samples`` samples of ``source``.
 
     Noise comes from a generator seeded with ``seed`` on the CPU (the same noise on any device); a
-    conditional generator gets :func:`balanced_labels` (an unconditional one ignores them), a latent code
-    is drawn from its uniform prior, as in training, so the samples follow G's own distribution. Images
-    are rounded to 8 bits (:func:`quantize`): what is scored is what would be saved.
+    conditional generator gets balanced labels of the classes it was trained on (:meth:`Condition.cycle`; an
+    unconditional one ignores them), a latent code is drawn from its uniform prior, as in training, so the
+    samples follow G's own distribution. Images are rounded to 8 bits (:func:`quantize`): what is scored is what
+    would be saved.
     """
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(num_samples, source.z_dim, generator=generator)
@@ -54,10 +55,11 @@ def generate_samples(source: SampleSource, num_samples: int, seed: int, batch_si
 def sample_and_score(source: SampleSource, metrics: MixtureMetrics | ImageMetrics, settings: EvalSettings,
                      seed: int) -> tuple[Tensor, dict[str, Any]]:
     """Samples of ``source`` and their metrics; a class-conditional generator's samples are scored per class
-    too, with the labels :func:`generate_samples` gave them (a latent code names no class of the data)."""
+    too, with the labels :func:`generate_samples` gave them (a latent code names no class of the data): the
+    classes it was trained on, and no other."""
     samples = generate_samples(source, settings.num_samples, seed, settings.batch_size)
-    classes = source.condition.classes
-    labels = balanced_labels(settings.num_samples, classes) if classes else None
+    condition = source.condition
+    labels = condition.cycle(settings.num_samples) if condition.classes else None
     return samples, metrics.score(samples, seed, labels)
 
 
@@ -79,11 +81,11 @@ def slerp(a: Tensor, b: Tensor, t: Tensor) -> Tensor:
 
 def interpolate(source: SampleSource, rows: int, steps: int, seed: int) -> Tensor:
     """Samples along ``rows`` paths of ``steps`` points each, row after row: row r goes from one noise
-    vector to another by :func:`slerp` (both ends included). A conditional generator draws row r as
-    class r mod K: with ``rows`` = K, one row per class. Noise from a CPU generator seeded with
-    ``seed``; samples through ``source.generate``, the one sampling path."""
+    vector to another by :func:`slerp` (both ends included). A conditional generator draws row r as the
+    r-th (mod K) of the K classes or codes it was trained with: with ``rows`` = K, one row each. Noise from a
+    CPU generator seeded with ``seed``; samples through ``source.generate``, the one sampling path."""
     generator = torch.Generator().manual_seed(seed)
     ends = torch.randn(2, rows, source.z_dim, generator=generator)
     z = slerp(ends[0], ends[1], torch.linspace(0, 1, steps)).flatten(0, 1)
-    labels = balanced_labels(rows, source.condition.values).repeat_interleave(steps)
+    labels = source.condition.cycle(rows).repeat_interleave(steps)
     return source.generate(z.to(source.device), labels.to(source.device))

@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 
 from gan.core.augment import build_augment
 from gan.core.losses import get_loss
-from gan.core.models import Condition, balanced_labels, build_models, d_classifies
+from gan.core.models import Condition, build_models, d_classifies
 from gan.core.objective import Objective
 from gan.core.regularizers import R1, build_regularizer
 from gan.core.state import EMAGenerator
@@ -23,8 +23,7 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Conditi
     """The GANModule a plain-container config describes, for samples of ``shape`` ((2,) for points, (C, H, W)
     for images) and G's ``condition`` (:func:`gan.core.models.g_condition`). Also how evaluate.py rebuilds a run."""
     train, z_dim = cfg["train"], cfg["train"]["z_dim"]
-    labels = condition.values  # the values G's labels take: the data's classes, or its latent code's
-    G, D = build_models(cfg["model"], z_dim, shape, labels)
+    G, D = build_models(cfg["model"], z_dim, shape, condition.values)  # one-hot labels as wide as their values
     gp_weight = float(cfg["loss"].get("gp_weight", 0.0))  # wgan_gp's key
     objective = Objective(get_loss(cfg["loss"]["name"]), build_regularizer(cfg["reg"]),
                           build_augment(cfg["augment"], shape), gp_weight, condition, shape, d_classifies(cfg["model"]))
@@ -38,16 +37,17 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Conditi
         G.compile()
         if not (gp_weight or isinstance(objective.regularizer, R1)):  # compiled graphs have no double backward
             D.compile()
-    # Fixed noise (and labels) behind the sample grids; conditional grids get one row per class (or code).
+    # Fixed noise (and labels) behind the sample grids; conditional grids get one row per class trained on (or code).
+    rows = len(condition.seen)
     n = (cfg["log"]["num_points"] if not images else
-         labels * cfg["log"]["samples_per_class"] if labels else cfg["log"]["num_samples"])
+         rows * cfg["log"]["samples_per_class"] if rows else cfg["log"]["num_samples"])
     return GANModule(
         G, D, objective, ema=ema,
         optimizers=(instantiate(cfg["optim"]["g"]), instantiate(cfg["optim"]["d"])),
         lr_decay=cfg["optim"]["decay"], max_steps=cfg["trainer"]["max_steps"],
         z_dim=z_dim, d_steps=train["d_steps"], batch_size=train["batch_size"], log_every=cfg["log"]["every"],
         sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
-        sample_labels=balanced_labels(n, labels), data_shape=shape, condition=condition,
+        sample_labels=condition.cycle(n), data_shape=shape, condition=condition,
         channels_last=channels_last,
         audit=bool(cfg["audit"]),
         hparams={"cfg": cfg, "data_shape": list(shape), "condition": condition.as_dict()})

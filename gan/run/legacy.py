@@ -45,6 +45,19 @@ def upgrade(checkpoint: dict[str, Any]) -> None:
         # Written before G's condition was one record: the data's classes, with the latent code in the config.
         if "num_classes" in hparams and "condition" not in hparams:
             hparams["condition"] = g_condition(cfg["model"], hparams.pop("num_classes")).as_dict()
+        upgrade_subset(hparams.get("condition"), cfg["data"].get("classes"), state)
+
+
+def upgrade_subset(condition: dict[str, Any] | None, classes: list[int] | None, state: dict[str, Any]) -> None:
+    """A conditional run on some classes (``data.classes``) written before its condition named them: it was
+    sampled and scored over every label up to the largest, and its grid's fixed noise was drawn for each. The
+    condition gets the subset, and the grid keeps the rows of the subset's classes, as such a run now draws them
+    (:meth:`gan.core.models.Condition.cycle`)."""
+    if condition is None or condition["kind"] != "classes" or "subset" in condition or classes is None:
+        return
+    condition["subset"] = sorted(set(classes))
+    keep = torch.isin(state["sample_labels"], torch.tensor(condition["subset"]))
+    state["sample_noise"], state["sample_labels"] = state["sample_noise"][keep], state["sample_labels"][keep]
 
 
 def upgrade_config(cfg: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from gan.core.audit import check_plain_numbers
 from gan.core.graphs import ForwardRecorder, dot_path, picture
-from gan.errors import ConfigError, StoppedAtOnce
+from gan.errors import StoppedAtOnce
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
@@ -188,7 +188,7 @@ class Samples:
         samples = module.generate(module.sample_noise, module.sample_labels)
         # The whole fixed batch: a conditional grid shows every row the module drew labels for.
         render_samples(samples, self.directory / f"step_{step:06d}.png", self.writer, self.tag, step,
-                       num_classes=module.condition.values, real_points=self.real_points, means=self.means,
+                       num_classes=len(module.condition.seen), real_points=self.real_points, means=self.means,
                        title=f"generator step {step}", per_class=len(samples), limit=len(samples))
 
 
@@ -205,8 +205,6 @@ class Metrics:
     """
 
     def __init__(self, every: int, settings: EvalSettings, seed: int, loggers: list[Logger]):
-        if every < 1:
-            raise ConfigError(f"eval.every={every}: a number of generator steps, or 0 for no metrics")
         self.every, self.settings, self.seed, self.loggers = every, settings, seed, loggers
         self.metrics: MixtureMetrics | ImageMetrics | None = None
         self.last: dict[str, float] = {}  # the last evaluation's metrics/*, as logged (the numbers gan.train returns)

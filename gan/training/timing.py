@@ -40,14 +40,14 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class StepTimer:
-    """Logs every phase's mean over each ``every``-step window (``log.every``) as ``time/<phase>_ms``, with
-    ``perf/g_steps_per_s``, ``perf/images_per_s`` (``images_per_step``: over all processes) and
-    ``perf/peak_memory_mb``, to ``loggers`` (rank 0's; empty on other ranks). ``timer``: the step's phase
-    record, whose "data" phase this opens at the end of each step and the loop closes when the next batch
-    is in hand."""
+    """Logs every phase's mean over each window of steps up to a logged one (every ``log.every`` and the last) as
+    ``time/<phase>_ms``, with ``perf/g_steps_per_s``, ``perf/images_per_s`` (``images_per_step``: over all
+    processes) and ``perf/peak_memory_mb``, to ``loggers`` (rank 0's; empty on other ranks). ``timer``: the
+    step's phase record, whose "data" phase this opens at the end of each step and the loop closes when the next
+    batch is in hand."""
 
-    def __init__(self, timer: PhaseTimer, every: int, images_per_step: int, loggers: list[Any]):
-        self.timer, self.every, self.images_per_step, self.loggers = timer, every, images_per_step, loggers
+    def __init__(self, timer: PhaseTimer, images_per_step: int, loggers: list[Any]):
+        self.timer, self.images_per_step, self.loggers = timer, images_per_step, loggers
         self.window_start, self.window_steps = 0.0, 0
 
     def at_start(self) -> None:
@@ -55,11 +55,12 @@ class StepTimer:
         self.timer.start("data")
         self.window_start, self.window_steps = time.perf_counter(), 0
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int, logged: bool) -> None:
+        """After generator step ``step``; ``logged``: the loop logged its scalars, and the window closes."""
         timer = self.timer
         timer.stop("callbacks")  # opened by the loop after the step's statistics
         self.window_steps += 1
-        if step % self.every == 0:
+        if logged:
             totals = timer.collect()  # one device sync per logging window
             elapsed = time.perf_counter() - self.window_start
             values = {f"time/{name}_ms": totals.get(name, 0.0) / self.window_steps for name in PHASES}
