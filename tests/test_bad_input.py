@@ -56,6 +56,14 @@ CONFIG_ERRORS = {
                              "data.batch_size)",
     ("loss.d_steps=0",): "error: train.d_steps=0: it must be >= 1 (D updates per generator step, set by loss.d_steps)",
     ("model.width=0",): "error: model.width=0: it must be >= 1 (model=dcgan's channels at its widest resolution)",
+    # The objective's intervals, once refused only when the run was built, after .hydra/ was written (reg.every), or
+    # a ZeroDivisionError after the first step (ADA's).
+    ("reg.every=0",): "error: reg.every=0: it must be >= 1 (D updates between the gradient penalties of reg=r1 and "
+                      "reg=r1r2, each weighted by it; 1: every D update)",
+    ("augment=ada", "augment.interval=0"): "error: augment.interval=0: it must be >= 1 (generator steps between ADA's "
+                                           "adjustments of augment.p)",
+    ("augment=ada", "augment.speed_images=0"): "error: augment.speed_images=0: it must be >= 1 (real images over which "
+                                               "ADA's augment.p may move by 1.0)",
     ("experiment=ring", "model.hidden=0"): "error: model.hidden=0: it must be >= 1 (model=mlp's units per hidden "
                                            "layer)",
     ("model.d_condition=projection",): "error: unknown model.d_condition 'projection': use model.d_condition=input "

@@ -119,7 +119,9 @@ class Reg:
     name: str = MISSING
     weight: float = MISSING  # lecam
     gamma: float = MISSING  # r1
-    every: int = MISSING
+    # r1, r1r2: lazy regularization (a D update's index modulo every)
+    every: int = key(least=1, meaning="D updates between the gradient penalties of reg=r1 and reg=r1r2, each "
+                     "weighted by it; 1: every D update")
 
 
 @dataclass
@@ -131,8 +133,8 @@ class Augment:
                    "checkpoint holds where it got to, which a resume restores: augment.p is only where it started")
     adaptive: bool = MISSING
     target: float = MISSING  # ada
-    interval: int = MISSING
-    speed_images: int = MISSING
+    interval: int = key(least=1, meaning="generator steps between ADA's adjustments of augment.p")
+    speed_images: int = key(least=1, meaning="real images over which ADA's augment.p may move by 1.0")
 
 
 @dataclass
