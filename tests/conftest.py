@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-# Idle OpenMP threads sleep instead of spinning: the suite starts subprocesses (DDP ranks, a killed run)
-# beside itself on 2 cores, and spinning thread pools slow small ops 10-400x under such load.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite runs in pytest-xdist workers side by side (pyproject.toml): one torch thread each, in them and in the
+# processes they start, so that workers never wait on each other's threads. Set before torch loads.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import sys  # noqa: E402
 from pathlib import Path
@@ -90,6 +91,12 @@ def digits_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "digits"
     assert run_train(run_dir) == 0
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def feature_cache(tmp_path_factory) -> Path:
+    """One cache of trained feature classifiers for the session: tests that score MNIST share its classifier."""
+    return tmp_path_factory.mktemp("feature_cache")
 
 
 @pytest.fixture(scope="session")

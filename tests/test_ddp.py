@@ -20,6 +20,8 @@ from gan.core.state import RunningMean
 from gan.errors import ConfigError
 from gan.training.checks import validate
 
+# The tests share one module fixture's DDP run: under pytest-xdist they run in one worker.
+pytestmark = pytest.mark.xdist_group("ddp")
 BATCH, STEPS, RANKS = 16, 6, 2  # debug=tiny's batch and steps
 # ADA adjusts p at step 4 (by 32 images x 4 steps / 640 = 0.2) and is halfway to its next adjustment at the
 # end, so its sign accumulators are not empty; R1 differentiates D twice under DDP; metrics at steps 3 and 6.
@@ -29,16 +31,18 @@ OVERRIDES = [*TINY, "trainer.accelerator=cpu", f"trainer.devices={RANKS}", "reg=
 
 
 def train_on_two_ranks(run_dir: Path, trainer: str) -> list[dict]:
-    """tests/ddp_ranks.py with ``trainer=<trainer>``; returns each rank's record, rank 0 first."""
+    """tests/ddp_ranks.py with ``trainer=<trainer>``; returns each rank's record, rank 0 first, and keeps what the
+    command printed in ``<run_dir>/stdout.txt``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's gan package in both ranks
     out = subprocess.run([sys.executable, "tests/ddp_ranks.py", f"trainer={trainer}", *OVERRIDES,
                           f"hydra.run.dir={run_dir}", f"eval.cache_dir={run_dir.parent / 'feature_cache'}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir / "stdout.txt").write_text(out.stdout)
     return [torch.load(run_dir / "ranks" / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": a worker that runs other modules meanwhile would train it again
 def separate_ddp(tmp_path_factory) -> tuple[Path, list[dict]]:
     run_dir = tmp_path_factory.mktemp("ddp") / "separate"
     return run_dir, train_on_two_ranks(run_dir, "ddp")
@@ -65,7 +69,10 @@ def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
     trained = [k for k in final if k.startswith(("G.", "D.")) and not torch.equal(final[k], rank0["initial"][k])]
     assert any(".running_mean" in k for k in trained) and any(k.endswith(".weight") for k in trained)
     assert int(final["counters.g_updates"]) == int(final["counters.d_updates"]) == STEPS
-    assert int(final["counters.images_seen"]) == STEPS * BATCH * RANKS
+    assert int(final["counters.images_seen"]) == STEPS * BATCH * RANKS  # each rank its share of a global batch
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert [k for k in final if not torch.equal(final[k], saved[k])] == []  # rank 0 saved what every rank holds
+    assert (run_dir / "stdout.txt").read_text().count(f"Run finished: {STEPS} generator steps") == 1  # rank 0 alone
 
     # The statistics follow the outputs of D on every rank's batch: each step's D forwards are on real
     # images, then on the detached fakes (the D update), then on the fakes again (the G update).

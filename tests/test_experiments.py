@@ -7,6 +7,8 @@ stacked.py, not from here)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,50 +93,75 @@ def test_unconditional_recipes_are_not_told_the_structure_of_their_data(preset):
     assert cfg.model.codes == 0 and not cfg.model.conditional
 
 
-# Seed 0 after 2,000 steps: the ring covers 8 of 8 modes (reverse KL 0.007; 7 and 0.016 on 2 threads; at 1,500
-# steps it still covers 1), the grid 22 of 25 (21 on 2 threads; reverse KL 0.06); the floors leave room for other
-# CPUs. The clusters are still wider than the data's here (ring: median mode 1.33, narrowest 1.10, 0.71 on 2
-# threads; grid: 1.39-1.43, narrowest 1.07-1.14): a recipe that learns each mode as a near point (0.1-0.2, the
-# earlier latent-code recipes) falls under the spread floors.
-@pytest.mark.parametrize("preset, min_modes, max_reverse_kl", [("ring", 7, 0.05), ("grid", 18, 0.15)])
-def test_2d_recipe_covers_its_modes_at_their_spread_after_2000_steps(tmp_path, preset, min_modes, max_reverse_kl):
-    run_dir = tmp_path / preset
-    assert run_main("train", f"experiment={preset}", "trainer.max_steps=2000", "ema.decay=0.99",
-                    "log.sample_every=2000", "checkpoint.every=2000", "trainer.enable_progress_bar=false",
-                    f"hydra.run.dir={run_dir}") == 0
-    assert run_main("evaluate", f"run_dir={run_dir}") == 0
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
-    assert metrics["modes"] >= min_modes and metrics["reverse_kl"] < max_reverse_kl
-    assert metrics["spread"] >= 0.8 and metrics["spread_min"] >= 0.5
+@dataclass(frozen=True)
+class TrainingCase:
+    """A recipe trained briefly as a test trains it: its train.py overrides, its evaluate.py overrides, and the
+    floors the test asserts on the figures of metrics.json ({key: (">=" or "<", bound)})."""
+
+    train: tuple[str, ...]
+    evaluate_overrides: tuple[str, ...]
+    floors: dict[str, tuple[str, float]]
+
+    def evaluate(self, cache_dir: Path) -> list[str]:
+        return [*self.evaluate_overrides, f"cache_dir={cache_dir}"]
+
+    def missed(self, metrics: dict[str, float]) -> list[str]:
+        return [f"{key} {metrics[key]} (wants {op} {bound})" for key, (op, bound) in self.floors.items()
+                if not (metrics[key] >= bound if op == ">=" else metrics[key] < bound)]
+
+
+QUIET = ("trainer.enable_progress_bar=false",)
+MNIST_DATA = (f"data.root={MNIST_T10K}", "data.split=test")
+# The floors come from benchmarks/suite_margins.py: every case at seeds 0-4 x 1 and 2 threads on the slowest host
+# at hand, an AMD EPYC (docs/results.md, "The suite's training tests", has each figure's range). After 2,000 steps
+# the 2D recipes are still crossing into full coverage (ring 6-8 of 8 modes, grid 17-24 of 25 there): the floors
+# ask for half the modes, which a collapse misses, and the spread, which a recipe learning points misses (0.1-0.2).
+TRAINING_CASES = {
+    "ring": TrainingCase(("experiment=ring", "trainer.max_steps=2000", "ema.decay=0.99", "log.sample_every=2000",
+                          "checkpoint.every=2000", *QUIET), (),
+                         {"modes": (">=", 4), "reverse_kl": ("<", 0.3), "spread": (">=", 0.8)}),
+    "grid": TrainingCase(("experiment=grid", "trainer.max_steps=2000", "ema.decay=0.99", "log.sample_every=2000",
+                          "checkpoint.every=2000", *QUIET), (),
+                         {"modes": (">=", 13), "reverse_kl": ("<", 0.6), "spread": (">=", 0.8)}),
+    "mnist": TrainingCase(("experiment=mnist", *MNIST_DATA, "trainer.max_steps=300", "log.sample_every=300",
+                           "checkpoint.every=300", *QUIET),
+                          ("num_samples=2000", "num_real=2000", "classifier_steps=300"),
+                          {"class_kl": ("<", 0.2), "recall": (">=", 0.5), "fid": ("<", 100)}),
+    "stacked_mnist": TrainingCase(("experiment=stacked_mnist", *MNIST_DATA, "trainer.max_steps=300",
+                                   "log.sample_every=300", "checkpoint.every=300", *QUIET),
+                                  ("num_samples=2000", "num_real=2000", "classifier_steps=300"),
+                                  {"stacked_modes": (">=", 500), "stacked_kl": ("<", 1.2)}),
+}
+
+
+def train_and_score(case: str, run_dir: Path, cache_dir: Path) -> dict[str, float]:
+    assert run_main("train", *TRAINING_CASES[case].train, f"hydra.run.dir={run_dir}") == 0
+    assert run_main("evaluate", f"run_dir={run_dir}", *TRAINING_CASES[case].evaluate(cache_dir)) == 0
+    return json.loads((run_dir / "eval" / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("preset", ["ring", "grid"])
+def test_2d_recipe_covers_its_modes_at_their_spread(tmp_path, preset):
+    """A recipe that collapses misses the mode floor; one that learns each mode as a near point (spread 0.1-0.2,
+    the earlier latent-code recipes) misses the spread floor."""
+    metrics = train_and_score(preset, tmp_path / preset, tmp_path / "feature_cache")
+    assert not TRAINING_CASES[preset].missed(metrics)
 
 
 @pytest.mark.skipif(not MNIST_T10K.is_dir(), reason="../shared/data/mnist_t10k is absent")
-def test_mnist_recipe_draws_every_digit_after_300_steps(tmp_path):
-    """Told no labels, G draws the ten digits about equally often and its samples spread over the data's."""
-    run_dir = tmp_path / "mnist"
-    assert run_main("train", "experiment=mnist", f"data.root={MNIST_T10K}", "data.split=test", "trainer.max_steps=300",
-                    "log.sample_every=300", "checkpoint.every=300", "trainer.enable_progress_bar=false",
-                    f"hydra.run.dir={run_dir}") == 0
-    assert run_main("evaluate", f"run_dir={run_dir}", "num_samples=2000", "classifier_steps=300",
-                    f"cache_dir={tmp_path / 'feature_cache'}") == 0
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
-    # Seed 0 here: class_kl 0.023, recall 0.91, classifier-FID 20 (untrained: about 2,400; the full recipe: under
-    # 1.1). A G that collapsed onto a few digits, or learned nothing, falls under these.
-    assert metrics["class_kl"] < 0.2 and metrics["recall"] >= 0.5 and metrics["fid"] < 100
+def test_mnist_recipe_draws_every_digit(tmp_path, feature_cache):
+    """Told no labels, G draws the ten digits about equally often and its samples spread over the data's; a G that
+    collapsed onto a few digits, or learned nothing (classifier-FID about 2,400), falls under the floors."""
+    metrics = train_and_score("mnist", tmp_path / "mnist", feature_cache)
+    assert not TRAINING_CASES["mnist"].missed(metrics)
 
 
 @pytest.mark.skipif(not MNIST_T10K.is_dir(), reason="../shared/data/mnist_t10k is absent")
-def test_stacked_mnist_recipe_reaches_most_of_its_1000_modes_after_300_steps(tmp_path):
-    run_dir = tmp_path / "stacked"
-    assert run_main("train", "experiment=stacked_mnist", f"data.root={MNIST_T10K}", "data.split=test",
-                    "trainer.max_steps=300", "log.sample_every=300", "checkpoint.every=300",
-                    "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}") == 0
-    assert run_main("evaluate", f"run_dir={run_dir}", "num_samples=2000", "classifier_steps=300",
-                    f"cache_dir={tmp_path / 'feature_cache'}") == 0
-    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
-    # Seed 0 here: 680 modes and KL 0.67 from 2,000 samples, where 2,000 real stacks hit 858 (KL 0.28); the full
-    # recipe, 1,000 of 1,000 from 26,000. A G that collapsed onto a few digits per channel falls far under these.
-    assert metrics["stacked_modes"] >= 500 and metrics["stacked_kl"] < 1.2
+def test_stacked_mnist_recipe_reaches_most_of_its_1000_modes(tmp_path, feature_cache):
+    """Most of the 1,000 triples in 2,000 samples (2,000 real stacks hit about 860): a G that collapsed onto a few
+    digits per channel falls far under the floor."""
+    metrics = train_and_score("stacked_mnist", tmp_path / "stacked", feature_cache)
+    assert not TRAINING_CASES["stacked_mnist"].missed(metrics)
 
 
 @pytest.mark.parametrize("name, data, folder, shape, told", [

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config, read_events, run_train
+from conftest import ROOT, TINY, compose_config, read_events, run_main, run_train
 
 from gan.training.loop import train
 
@@ -167,14 +167,14 @@ def test_a_finished_run_keeps_its_newest_checkpoints_and_says_what_it_did(tmp_pa
         assert line in out.stdout and line in log_file, line
 
 
-def test_cli_prints_composed_config_and_one_line_errors(tmp_path):
-    out = subprocess.run([sys.executable, "train.py", "--cfg", "job", "data=ring", "model=mlp"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "name: ring" in out.stdout and "d_steps: 1" in out.stdout
-    out = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path}/r", "trainer.max_steps=0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("error: trainer.max_steps=0")
+def test_cli_prints_composed_config_and_one_line_errors(tmp_path, capsys):
+    """train.py's main, in this process (test_bad_input.py runs it as a script)."""
+    assert run_main("train", "--cfg", "job", "data=ring", "model=mlp") == 0
+    out = capsys.readouterr().out
+    assert "name: ring" in out and "d_steps: 1" in out
+    assert run_main("train", f"hydra.run.dir={tmp_path}/r", "trainer.max_steps=0") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: trainer.max_steps=0")
+    assert not (tmp_path / "r").exists()
 
 
 def test_multirun_gives_one_run_directory_each(tmp_path):
