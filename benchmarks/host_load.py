@@ -1,6 +1,6 @@
-"""The default run quiet and beside a busy process, under each way torch's thread pool may wait.
+"""The default run quiet and beside a busy process, under each way of setting torch's threads.
 
-Usage: python benchmarks/host_load.py [--policies spin passive short-spin one-thread] [--rounds 1]
+Usage: python benchmarks/host_load.py [--policies two-threads passive one-thread default] [--rounds 1]
                                       [--write docs/benchmarks.md] [-- extra train.py overrides]
 
 A laptop always has neighbours: a browser, a second run, the test suite. On 2 cores, one busy neighbour
@@ -8,7 +8,7 @@ shares a core with one of torch's two threads, and every parallel operation wait
 thread that is not running. Each policy runs ``python train.py`` (the default run, or the overrides after
 ``--``) once on a quiet machine and once beside ``python -c "while True: pass"``, in turn, in this one
 process's run; the table gives each policy's wall times, loaded over quiet, and quiet over the first
-policy's quiet time (libgomp's own default, what runs had before the project chose).
+policy's quiet time (two threads that spin while idle: what every run had before the run chose its count).
 """
 
 from __future__ import annotations
@@ -26,20 +26,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tools.blocks import machine, recipe_inputs, write_block  # noqa: E402
 
-# The environment and overrides of each policy. libgomp, torch's OpenMP on Linux, spins about 300,000 times
-# (a few ms) before a waiting thread sleeps unless OMP_WAIT_POLICY or GOMP_SPINCOUNT says otherwise.
+# The environment and overrides of each policy. torch's OpenMP on Linux (libgomp) spins a few ms before an idle
+# thread sleeps; OMP_WAIT_POLICY=PASSIVE sleeps at once. "default" is what `python train.py` does: every core
+# when they are free at the start, the free ones when other work keeps some busy (gan/training/host.py).
 POLICIES = {
-    "spin": ({"GOMP_SPINCOUNT": "300000"}, []),  # libgomp's default, set explicitly: gan/ would choose otherwise
-    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),
-    "short-spin": ({"GOMP_SPINCOUNT": "10000"}, []),
-    "one-thread": ({"OMP_WAIT_POLICY": "PASSIVE"}, ["train.threads=1"]),
+    "two-threads": ({}, ["train.threads=2"]),
+    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, ["train.threads=2"]),
+    "one-thread": ({}, ["train.threads=1"]),
+    "default": ({}, []),
 }
 BUSY = [sys.executable, "-c", "while True: pass"]
 
 
 def run(policy: str, loaded: bool, extra: list[str], out: Path) -> float:
     variables, overrides = POLICIES[policy]
-    env = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     run_dir = out / f"{policy}-{'loaded' if loaded else 'quiet'}-{time.monotonic_ns()}"
     busy = subprocess.Popen(BUSY) if loaded else None
     try:

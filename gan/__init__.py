@@ -6,14 +6,7 @@ here: ``import gan.core`` must stay pure PyTorch, without Lightning or Hydra.
 
 from __future__ import annotations
 
-import os
 from typing import Any
-
-# Before torch loads its OpenMP runtime, which reads this once: idle pool threads sleep at once instead of spinning
-# for milliseconds, so a busy neighbour on a small machine does not stall every operation (docs/design.md, "Threads").
-# A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 __all__ = ["Run", "evaluate", "train"]
 

@@ -1,5 +1,5 @@
-"""The process a run trains in (gan/__init__.py, gan/training/host.py): torch's idle pool threads sleep instead of
-spinning, unless the user chose otherwise, and a run leaves torch's thread count as it found it."""
+"""The process a run trains in (gan/training/host.py): torch's threads leave out the cores other work keeps busy
+when the run starts, unless the user chose a count, and a run leaves torch's thread count as it found it."""
 
 from __future__ import annotations
 
@@ -9,44 +9,32 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, TINY, compose_config
+from conftest import TINY, compose_config
 
+from gan.training.host import busy_cores, torch_threads
 from gan.training.loop import train
 
-# CPU seconds the process spends over ten 50-ms pauses, each after one parallel operation: a pool thread that spins
-# while it waits burns the pauses; one that sleeps burns only the operations.
-IDLE_CPU = """
-import resource, time
-import gan  # first: it chooses the wait policy before torch loads its OpenMP runtime
-import torch
-torch.set_num_threads(2)
-x = torch.ones(4_000_000)
-def cpu():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-for _ in range(3):
-    x.add_(1)
-start = cpu()
-for _ in range(10):
-    x.add_(1)
-    time.sleep(0.05)
-print(cpu() - start)
-"""
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def idle_cpu_seconds(**variables: str) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", IDLE_CPU], cwd=ROOT, env={**env, **variables}, capture_output=True,
-                         text=True, timeout=120, check=True)
-    return float(out.stdout)
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: torch's pool has no second thread to wait")
-def test_idle_pool_threads_sleep_unless_the_user_sets_a_wait_policy():
-    """A user's OMP_WAIT_POLICY=ACTIVE is kept (its threads spin through the pauses); without one, gan's choice of
-    PASSIVE makes the pauses cost next to nothing."""
-    sleeping, spinning = idle_cpu_seconds(), idle_cpu_seconds(OMP_WAIT_POLICY="ACTIVE")
-    assert spinning > 0.2 and sleeping < spinning / 2, (sleeping, spinning)
+@pytest.mark.skipif(CORES < 2 or not os.path.isfile("/proc/stat"), reason="needs 2 cores and Linux's /proc/stat")
+def test_a_core_kept_busy_by_another_process_is_left_out_of_torchs_threads(monkeypatch):
+    """Beside one busy process, the run takes the other cores; a count the user gives (train.threads, or
+    OMP_NUM_THREADS, which torch reads) is theirs."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert busy_cores() >= 1
+        threads, why = torch_threads(None)
+        assert threads is not None and 1 <= threads <= CORES - 1 and "busy at the start" in why
+        assert torch_threads(2) == (2, "train.threads")
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert torch_threads(None) == (None, "torch's default")
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert torch_threads(None, devices=2) == (None, "torch's default")  # DDP ranks: each its own process
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_a_run_that_sets_its_threads_leaves_torchs_count_as_it_found_it(tmp_path):

@@ -1,9 +1,13 @@
-"""The process a run trains in: torch's threads (train.threads, or shared under Hydra's joblib launcher),
-Hydra's launcher and sweeper, and the GPU probe that importing Lightning turns on."""
+"""The process a run trains in: torch's threads (train.threads, shared under Hydra's joblib launcher, or the cores
+other work leaves free at the start), Hydra's launcher and sweeper, and the GPU probe that importing Lightning
+turns on."""
 
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -33,20 +37,59 @@ def no_gpu_probe_per_step() -> None:
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
-def torch_threads(threads: int | None) -> tuple[int | None, str]:
+def torch_threads(threads: int | None, devices: Any = 1) -> tuple[int | None, str]:
     """The intra-op threads this run sets (None: torch's default), and why. ``train.threads`` when given; under
     Hydra's joblib launcher, whose jobs run side by side in processes of their own, the cores this process
     may use shared evenly among ``hydra.launcher.n_jobs`` of them (-1: one per core, -2 all but one, as
-    joblib counts), so that jobs x threads = cores."""
+    joblib counts), so that jobs x threads = cores. Else, for a run on one device where OMP_NUM_THREADS does not
+    say, the cores other work leaves free at the start: each of torch's threads waits at every operation for the
+    slowest, so a thread that shares a core with a busy process slows every step (3.5x on 2 cores beside one:
+    docs/design.md, "Threads"). The count is fixed for the run: a count that followed the load would change
+    the order of its sums, and so its numbers, from one step to the next."""
     if threads is not None:
         return threads, "train.threads"
-    launcher = launched_by("launcher")
-    if "joblib" not in str(launcher.get("_target_", "")):
-        return None, "torch's default"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    jobs = int(launcher.get("n_jobs", -1))
-    jobs = max(cores + 1 + jobs, 1) if jobs < 0 else jobs
-    return max(cores // jobs, 1), f"{cores} cores shared by hydra.launcher.n_jobs={jobs} jobs"
+    launcher = launched_by("launcher")
+    if "joblib" in str(launcher.get("_target_", "")):
+        jobs = int(launcher.get("n_jobs", -1))
+        jobs = max(cores + 1 + jobs, 1) if jobs < 0 else jobs
+        return max(cores // jobs, 1), f"{cores} cores shared by hydra.launcher.n_jobs={jobs} jobs"
+    if "OMP_NUM_THREADS" in os.environ or str(devices) != "1" or cores < 2:
+        return None, "torch's default"
+    busy = busy_cores()
+    if busy < 1:
+        return None, "torch's default"
+    free = max(cores - busy, 1)
+    return free, (f"other work kept {busy} of {cores} cores busy at the start; train.threads=N chooses, and makes "
+                  "the run's numbers independent of the load")
+
+
+def busy_cores(window: float = 0.2) -> int:
+    """How many of this process's cores other processes keep busy, over ``window`` seconds of /proc/stat
+    (rounded; 0 where the system has no /proc/stat). This process sleeps meanwhile, so the busy time is theirs."""
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return 0
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+    def times() -> dict[str, tuple[int, int]]:
+        out = {}
+        for line in stat.read_text().splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name != "cpu" and (allowed is None or int(name[3:]) in allowed):
+                values = [int(v) for v in fields]
+                out[name] = (sum(values[:8]), values[3] + values[4])  # (all but guest time, idle + iowait)
+        return out
+
+    before = times()
+    time.sleep(window)
+    after = times()
+    busy = 0.0
+    for name, (total, idle) in after.items():
+        elapsed = total - before[name][0]
+        if elapsed > 0:
+            busy += 1 - (idle - before[name][1]) / elapsed
+    return round(busy)
 
 
 def slow_bf16_warning(device: torch.device, precision: str) -> str | None:

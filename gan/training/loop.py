@@ -96,7 +96,7 @@ def fit(cfg: DictConfig, probes: Sequence[Probe]) -> GANModule:
     check_run_dir(run_dir, cfg.ckpt_path)
     check_writable(run_dir)
     no_gpu_probe_per_step()
-    threads, why = torch_threads(cfg.train.threads)
+    threads, why = torch_threads(cfg.train.threads, cfg.trainer.devices)
     if threads is not None:
         torch.set_num_threads(threads)
         log.info(f"torch threads: {threads} ({why})")
