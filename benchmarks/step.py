@@ -83,8 +83,13 @@ DEFAULT_THREADS = torch.get_num_threads()  # before anything sets them: torch's 
 # --- measuring ---------------------------------------------------------------------------------------------
 
 def compose_train(*overrides: str, run_dir: Path) -> DictConfig:
-    return compose("trainer.enable_progress_bar=false", "log.sample_every=100000", "checkpoint.every=100000",
-                   *overrides, run_dir=run_dir)
+    """A recipe as train() runs it here; train.threads null becomes the bare loop's count, so that a core busy at
+    one train()'s start (gan/training/host.py) never gives the two loops different counts."""
+    cfg = compose("trainer.enable_progress_bar=false", "log.sample_every=100000", "checkpoint.every=100000",
+                  *overrides, run_dir=run_dir)
+    if cfg.train.threads is None:
+        cfg.train.threads = DEFAULT_THREADS
+    return cfg
 
 
 class StepClock(Probe):
