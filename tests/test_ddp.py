@@ -20,8 +20,6 @@ from gan.core.state import RunningMean
 from gan.errors import ConfigError
 from gan.training.checks import validate
 
-# The tests share one module fixture's DDP run: under pytest-xdist they run in one worker.
-pytestmark = pytest.mark.xdist_group("ddp")
 BATCH, STEPS, RANKS = 16, 6, 2  # debug=tiny's batch and steps
 # ADA adjusts p at step 4 (by 32 images x 4 steps / 640 = 0.2) and is halfway to its next adjustment at the
 # end, so its sign accumulators are not empty; R1 differentiates D twice under DDP; metrics at steps 3 and 6.
@@ -42,7 +40,7 @@ def train_on_two_ranks(run_dir: Path, trainer: str) -> list[dict]:
     return [torch.load(run_dir / "ranks" / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
 
 
-@pytest.fixture(scope="session")  # not "module": a worker that runs other modules meanwhile would train it again
+@pytest.fixture(scope="session")  # once per pytest-xdist worker that runs a test of it
 def separate_ddp(tmp_path_factory) -> tuple[Path, list[dict]]:
     run_dir = tmp_path_factory.mktemp("ddp") / "separate"
     return run_dir, train_on_two_ranks(run_dir, "ddp")
