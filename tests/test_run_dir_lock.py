@@ -30,6 +30,14 @@ def held_by(pid: int, doing: str) -> str:
     return f" is in use: pid {pid} on {socket.gethostname()} has been {doing} there since "
 
 
+def wait_for(path, process: subprocess.Popen, why: str) -> None:
+    """Until ``path`` exists, while ``process`` runs (at most two minutes); else fail with ``why``."""
+    deadline = time.time() + 120
+    while not path.exists():
+        assert process.poll() is None and time.time() < deadline, why
+        time.sleep(0.02)
+
+
 def one_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1, lines
@@ -42,13 +50,8 @@ def test_a_running_run_refuses_another_writer_and_a_killed_one_holds_nothing(tmp
     first = subprocess.Popen([sys.executable, "train.py", *ENDLESS, f"hydra.run.dir={run}"], cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while not (run / FILE).exists():
-            assert first.poll() is None and time.time() < deadline, "train.py did not hold its run"
-            time.sleep(0.05)
-        while not last.exists():
-            assert first.poll() is None and time.time() < deadline, "training did not reach step 2"
-            time.sleep(0.05)
+        wait_for(run / FILE, first, "train.py did not hold its run")
+        wait_for(last, first, "training did not reach step 2")
         holder = json.loads((run / FILE).read_text())
         assert (holder["pid"], holder["doing"]) == (first.pid, "training")
         config = (run / ".hydra" / "config.yaml").read_bytes()
@@ -131,10 +134,7 @@ def test_an_evaluation_holds_the_run_while_it_scores_it(tmp_path, capsys):
                                 "classifier_steps=1000000", f"cache_dir={tmp_path / 'cache'}"], cwd=ROOT,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while not (run / FILE).exists():
-            assert scoring.poll() is None and time.time() < deadline, "evaluate.py ended without holding the run"
-            time.sleep(0.01)
+        wait_for(run / FILE, scoring, "evaluate.py ended without holding the run")
         assert run_train(run, f"ckpt_path={last}", "trainer.max_steps=7") == 2
         line = one_line(capsys.readouterr().err)
         assert line.startswith(f"error: {run}{held_by(scoring.pid, 'evaluating')}") and "python evaluate.py" in line
