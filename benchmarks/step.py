@@ -59,10 +59,11 @@ from gan.core.augment import build_augment
 from gan.core.contexts import evaluating
 from gan.core.losses import get_loss
 from gan.core.models import build_models, condition_input, d_classifies, latent_codes
-from gan.core.phases import PHASES, PhaseTimer, StepPhases
+from gan.core.phases import NAMES, PhaseTimer, StepPhases
 from gan.data.datasets import build_dataset, num_classes
 from gan.data.module import GANData
 from gan.patterns import gan_step, measure
+from gan.run.build import penalty_weight
 from gan.training import loop
 from gan.training.compose import compose
 from gan.training.host import NVML_CHECK, no_gpu_probe_per_step
@@ -742,13 +743,13 @@ def loop_us(steps: int) -> float:
         cfg = compose_train("experiment=ring", "log.every=100000000", f"trainer.max_steps={steps + WARMUP}",
                             "trainer.accelerator=cpu", run_dir=Path(tmp) / "run")
         clock = StepClock()
-        saved = loop.generator_step, loop.update_statistics, loop.log_step
+        saved = loop.run_step, loop.update_statistics, loop.log_step
         # the last step logs whatever log.every says: with no step, nothing to log
-        loop.generator_step, loop.update_statistics, loop.log_step = no_step, count_only, no_step
+        loop.run_step, loop.update_statistics, loop.log_step = no_step, count_only, no_step
         try:
             train(cfg, [clock])
         finally:
-            loop.generator_step, loop.update_statistics, loop.log_step = saved
+            loop.run_step, loop.update_statistics, loop.log_step = saved
     return (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e6 / (len(clock.ends) - WARMUP)
 
 
@@ -847,7 +848,7 @@ def section_f(args: argparse.Namespace, device: torch.device) -> list[str]:
     medians (which a shared machine's noise may swamp)."""
     on, off = statistics.median(phase_cost_us(True) for _ in range(5)), statistics.median(
         phase_cost_us(False) for _ in range(5))
-    per_step_us = len(PHASES) + 1  # the phases of one step (g_forward occurs twice)
+    per_step_us = len(NAMES) + 1  # the phases of one step (g_forward occurs twice)
     rows = [f"One phase block costs {on:.2f} us timed and {off:.2f} us with timing off: "
             f"{(on - off) * per_step_us:.0f} us per generator step ({per_step_us} blocks).", "",
             "| preset | timing on | timing off | difference (A/B medians) | direct cost per step |",

@@ -175,13 +175,13 @@ def test_a_training_forward_in_eval_mode_is_caught(tmp_path, monkeypatch):
 
 def test_a_generator_left_in_eval_mode_is_caught(tmp_path, monkeypatch):
     """Planted: a training step that leaves G in eval mode (as sampling code that forgot to restore it would)."""
-    generator_step = gan.training.loop.generator_step
+    run_step = gan.training.loop.run_step
 
     def g_in_eval_mode(run, *args):
         run.module.G.eval()
-        return generator_step(run, *args)
+        return run_step(run, *args)
 
-    monkeypatch.setattr(gan.training.loop, "generator_step", g_in_eval_mode)
+    monkeypatch.setattr(gan.training.loop, "run_step", g_in_eval_mode)
     with pytest.raises(AuditError, match=r"^G\.<root> ran a training forward in eval mode \(phase g_forward\)"):
         train(tiny(tmp_path))
 

@@ -121,7 +121,7 @@ def judged_window(bad: dict[tuple[int, str, int], str], skip: bool) -> tuple[Non
             if kind == "grads":
                 nets[network].weight.grad[0, 0] = math.inf
             before.append((step, network, update, nets[network].weight.detach().clone()))
-            guard.before_backward(loss)
+            guard.before_backward(loss, network)
             guard.judge(opts[network], network, update)
             opts[network].step()
             counters.count_d_step() if network == "D" else None

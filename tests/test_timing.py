@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ROOT, compose_config, read_events
 
-from gan.core.phases import PHASES, PhaseTimer, StepPhases
+from gan.core.phases import NAMES, PhaseTimer, StepPhases
 from gan.training.loop import Probe, train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -27,7 +27,7 @@ def test_phase_timer_accumulates_and_collect_clears():
     phases = StepPhases(timer)
     for _ in range(2):
         with phases.phase("g_forward"):
-            assert (phases.current, phases.network) == ("g_forward", "G")  # the record, as the guard reads it
+            assert (phases.current.name, phases.network) == ("g_forward", "G")  # the record, as the guard reads it
             time.sleep(0.002)
     assert phases.current is None
     totals = timer.collect()
@@ -53,13 +53,13 @@ def test_phases_of_real_steps_come_in_order_and_add_up_to_the_step(tmp_path):
     # log.every beyond the run: the timer collects only at the last step, which logs, so every interval of the
     # steps before it is still there as the last one starts.
     cfg = compose_config("debug=tiny", "trainer.enable_progress_bar=false", "log.every=1000", "model.width=32",
-                         "train.batch_size=64", run_dir=tmp_path)
+                         "data.batch_size=64", run_dir=tmp_path)
     probe = Intervals()
     train(cfg, probes=[probe])
     names = [name for name, _, _ in probe.intervals]
     steps = cfg.trainer.max_steps - 1
     assert names == ONE_STEP * steps
-    assert set(names) == set(PHASES)
+    assert set(names) == set(NAMES)
     for k in range(steps):
         intervals = probe.intervals[k * len(ONE_STEP):(k + 1) * len(ONE_STEP)]
         # In order, none overlapping the next ...
@@ -73,13 +73,13 @@ def test_phases_of_real_steps_come_in_order_and_add_up_to_the_step(tmp_path):
 def test_timing_scalars_and_dashboard_reach_tensorboard(digits_run):
     events = read_events(digits_run / "tensorboard")
     tags = set(events.Tags()["scalars"])
-    expected = {f"time/{phase}_ms" for phase in PHASES} | {"time/step_ms", "perf/g_steps_per_s",
+    expected = {f"time/{phase}_ms" for phase in NAMES} | {"time/step_ms", "perf/g_steps_per_s",
                                                            "perf/images_per_s", "perf/peak_memory_mb"}
     assert expected <= tags
     steps = [e.step for e in events.Scalars("time/step_ms")]
     assert steps == [e.step for e in events.Scalars("loss/d")]  # logged with the losses, every log.every
     step_ms = [e.value for e in events.Scalars("time/step_ms")]
-    per_phase = [sum(events.Scalars(f"time/{p}_ms")[i].value for p in PHASES) for i in range(len(steps))]
+    per_phase = [sum(events.Scalars(f"time/{p}_ms")[i].value for p in NAMES) for i in range(len(steps))]
     assert all(0 < phases <= total * 1.10 for phases, total in zip(per_phase, step_ms))
     images = [e.value for e in events.Scalars("perf/images_per_s")]
     g_steps = [e.value for e in events.Scalars("perf/g_steps_per_s")]
@@ -160,7 +160,7 @@ def test_tensor_datasets_are_indexed_on_the_gpu(tmp_path):
 
 def test_under_the_pytorch_profiler_each_phase_is_a_labelled_range(tmp_path):
     phases = StepPhases(PhaseTimer())
-    phases.labels = True
+    phases.profiled = True
     with torch.profiler.profile() as profile, phases.phase("d_optimizer"):
         torch.ones(3).sum()
     assert "gan/d_optimizer" in {event.name for event in profile.events()}
@@ -168,7 +168,7 @@ def test_under_the_pytorch_profiler_each_phase_is_a_labelled_range(tmp_path):
                          "trainer.max_steps=2", run_dir=tmp_path)
     train(cfg)
     trace = (tmp_path / "profile" / "rank0" / "trace.json").read_text()
-    assert all(f'"gan/{phase}"' in trace for phase in PHASES if phase not in ("data", "callbacks"))
+    assert all(f'"gan/{phase}"' in trace for phase in NAMES if phase not in ("data", "callbacks"))
     assert "gan_step" not in trace and (tmp_path / "profile" / "rank0" / "operators.txt").is_file()
 
 

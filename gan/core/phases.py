@@ -1,72 +1,92 @@
-"""The phases of a training step, as the step says them (pure PyTorch). :class:`StepPhases` is the step's
-``phase`` hook: its record says which phase and which update run now, which the audit, the non-finite guard
-and the sample pictures read; its readers are told as each phase begins and ends, and :class:`PhaseTimer`
-is one of them, accumulating each phase's time, with CUDA events on a GPU and the host clock elsewhere."""
+"""The phases of a training step, as data (pure PyTorch): :data:`PHASES` lists them in the order a generator
+step runs them, each with the network whose update it is part of. :class:`StepPhases` is the step's ``phase``
+hook: its record says which phase runs now and which D update of the generator step it belongs to (the step's
+own count, passed in), which the audit, the non-finite guard and the sample pictures read; its readers are told
+as each phase begins and ends, and :class:`PhaseTimer` is one of them, accumulating each phase's time, with
+CUDA events on a GPU and the host clock elsewhere. The step (gan/core/step.py) opens the phases of the updates,
+the loop (gan/training/loop.py) the three around them; each is opened and closed by one ``with`` block."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.profiler import record_function
 
-PHASES = ("data", "d_forward_backward", "d_optimizer", "g_forward", "g_backward", "g_optimizer", "statistics",
-          "callbacks")
+
+class Phase(NamedTuple):
+    """One phase of a generator step: its ``name`` (``time/<name>_ms`` in TensorBoard) and the ``network``
+    whose update it is part of ("D", "G"; None for the loop's phases around the updates)."""
+
+    name: str
+    network: str | None
+
+
+PHASES = (
+    Phase("data", None),  # the next batch fetched and on the device
+    # loss.d_steps times a generator step; R1 (reg=r1, r1r2) also on every reg.every-th D update of the run
+    Phase("d_forward_backward", "D"),
+    Phase("d_optimizer", "D"),
+    Phase("g_forward", "G"),  # G(z), and the G loss through the frozen D
+    Phase("g_backward", "G"),
+    Phase("g_optimizer", "G"),
+    Phase("statistics", None),  # counters, learning rates, running means, EMA, ADA
+    Phase("callbacks", None),  # what is due after the step: scalars, samples, checkpoints, metrics
+)
+NAMES = tuple(phase.name for phase in PHASES)
 
 
 class StepPhases:
     """The record of what a training step runs now -- :attr:`current` (the phase), :attr:`network` (whose update)
-    and :attr:`d_update` (which D update of the generator step) -- kept by :meth:`phase`, the step's ``phase``
-    hook, which also tells each of ``readers`` (objects with ``start(name)`` and ``stop(name)``, such as the
-    timer) as a phase begins and ends."""
+    and :attr:`d_update` (which D update of the generator step, 0-based, as the step counts them) -- kept by
+    :meth:`phase`, the step's ``phase`` hook, which also tells each of ``readers`` (objects with ``start(name)``
+    and ``stop(name)``, such as the timer) as a phase begins and ends."""
 
     def __init__(self, *readers: Any):
         self.readers = readers
-        self.labels = False  # record_function ranges, set when the PyTorch profiler runs
-        self.current: str | None = None  # the phase running now
-        self.d_update = -1  # which D update of this generator step runs (0-based), or ran last
+        self.by_name = {phase.name: phase for phase in PHASES}
+        self.profiled = False  # each phase a record_function range, set when the PyTorch profiler runs
+        self.current: Phase | None = None  # the phase running now
+        self.d_update = 0  # which D update of this generator step runs, or ran last
 
     @property
     def network(self) -> str | None:
-        """"D" or "G": the network whose update runs now (its phases start ``d_`` or ``g_``); else None."""
-        return self.current[0].upper() if self.current and self.current[:2] in ("d_", "g_") else None
+        """"D" or "G": the network whose update runs now; else None."""
+        return self.current.network if self.current is not None else None
 
-    def begin_step(self) -> None:
-        """A new generator step: its first D update will be number 0."""
-        self.d_update = -1
-
-    def phase(self, name: str) -> Phase:
-        """Record the block as phase ``name``, and tell the readers where it begins and ends."""
-        return Phase(self, name)
+    def phase(self, name: str, d_update: int = 0) -> Opened:
+        """Record the block as phase ``name`` (of D update ``d_update``, for D's phases), and tell the readers
+        where it begins and ends."""
+        return Opened(self, self.by_name[name], d_update)
 
 
-class Phase:
+class Opened:
     """One ``with phases.phase(name):`` block. A class rather than ``@contextmanager``, whose generator and
     wrapper cost several microseconds a block, and a step runs about fifteen blocks."""
 
-    __slots__ = ("phases", "name", "outer", "range")
+    __slots__ = ("phases", "phase", "d_update", "outer", "range")
 
-    def __init__(self, phases: StepPhases, name: str):
-        self.phases, self.name = phases, name
+    def __init__(self, phases: StepPhases, phase: Phase, d_update: int):
+        self.phases, self.phase, self.d_update = phases, phase, d_update
 
     def __enter__(self) -> None:
-        phases, name = self.phases, self.name
-        if name == "d_forward_backward":
-            phases.d_update += 1
-        self.outer, phases.current = phases.current, name
+        phases, phase = self.phases, self.phase
+        if phase.network == "D":
+            phases.d_update = self.d_update
+        self.outer, phases.current = phases.current, phase
         # A record_function range costs tens of microseconds even with no profiler listening: labelled
         # only when trainer.profiler=pytorch records them.
-        self.range = record_function(f"gan/{name}").__enter__() if phases.labels else None
+        self.range = record_function(f"gan/{phase.name}").__enter__() if phases.profiled else None
         for reader in phases.readers:
-            reader.start(name)
+            reader.start(phase.name)
 
     def __exit__(self, *exc: object) -> None:
         phases = self.phases
         for reader in phases.readers:
-            reader.stop(self.name)
+            reader.stop(self.phase.name)
         phases.current = self.outer
         if self.range is not None:
             self.range.__exit__(*exc)
@@ -74,8 +94,7 @@ class Phase:
 
 class PhaseTimer:
     """Accumulates the time of each phase between :meth:`start` and :meth:`stop` (a reader of
-    :class:`StepPhases`, and called by the loop for the phases around the step); :meth:`collect` returns
-    their totals in milliseconds. ``enabled=False`` times nothing.
+    :class:`StepPhases`); :meth:`collect` returns their totals in milliseconds. ``enabled=False`` times nothing.
 
     On CUDA (``device.type == "cuda"`` and ``sync=False``) a boundary is a CUDA event and nothing
     waits for the GPU until :meth:`collect`; elsewhere it is ``time.perf_counter()``, after a
@@ -119,6 +138,6 @@ class PhaseTimer:
         return dict(totals)
 
 
-def untimed(name: str) -> AbstractContextManager[None]:
+def untimed(name: str, d_update: int = 0) -> AbstractContextManager[None]:
     """The ``phase`` of code that is not timed (the patterns, the tests)."""
     return nullcontext()

@@ -1,5 +1,5 @@
-"""The GAN training step, written once: every update of one generator step. Training
-(gan/run/module.py), the demonstrations (``python -m gan.patterns``) and the tests all run these
+"""The GAN training step, written once: every update of one generator step. The training loop
+(gan/training/loop.py), the demonstrations (``python -m gan.patterns``) and the tests all run these
 functions, so a claim measured on them is a claim about the step that trains.
 
 One generator step::
@@ -8,18 +8,19 @@ One generator step::
     d_update(D, opt_d, d_loss, real, fake.detach())    # D learns from D(real) and D(fake.detach())
     g_update(D, opt_g, g_loss, fake)               # G learns through D(fake), with D frozen
 
-preceded, when D takes several updates per generator step (``train.d_steps`` > 1, e.g. wgan_gp), by
+preceded, when D takes several updates per generator step (``loss.d_steps`` > 1, e.g. wgan_gp), by
 the extra D updates, whose fakes are made under ``no_grad``.
 
 What the networks minimise is passed in (gan/core/objective.py builds both from plain arguments):
 ``d_loss(D, real, fake, labels, k) -> (loss, real_logits, fake_logits)`` for the step's D update number
-``k`` (0-based), and ``g_loss(D, fake, real, labels) -> loss`` (``real``: for a relativistic loss, which
-scores each fake against a real sample). ``G`` and ``D`` are the modules the step runs:
-under ``trainer=ddp`` their DistributedDataParallel wrappers, each of whose backwards all-reduces the
-network's gradients. ``backward`` differentiates a loss: ``Tensor.backward``, or the loop's, which scales the loss first
-under float16. ``phase(name)`` says which part of the
-step runs (:data:`gan.core.phases.PHASES`): the loop's hook keeps a record of it (:class:`gan.core.phases.StepPhases`),
-which the audit and the non-finite guard read, and tells the timer.
+``k`` (0-based: the step's count of its D updates, the one every reader of "which D update" is given),
+and ``g_loss(D, fake, real, labels) -> loss`` (``real``: for a relativistic loss, which scores each fake
+against a real sample). ``G`` and ``D`` are the modules the step runs: under ``trainer=ddp`` their
+DistributedDataParallel wrappers, each of whose backwards all-reduces the network's gradients.
+``backward`` differentiates a loss: ``Tensor.backward``, or the loop's, which scales the loss first under
+float16. ``phase(name, k)`` says which phase of the step runs (:data:`gan.core.phases.PHASES`), and for D's
+phases which D update: the loop's hook keeps a record of it (:class:`gan.core.phases.StepPhases`), which the
+audit and the non-finite guard read, and tells the timer.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from gan.core.phases import untimed
 DLoss = Callable[[nn.Module, Tensor, Tensor, "Tensor | None", int], tuple[Tensor, Tensor, Tensor]]
 GLoss = Callable[[nn.Module, Tensor, Tensor, "Tensor | None"], Tensor]
 Backward = Callable[[Tensor], None]
-Phase = Callable[[str], AbstractContextManager[None]]
+Phase = Callable[..., AbstractContextManager[None]]  # phase(name) or, in a D update, phase(name, k)
 
 
 class Batch(NamedTuple):
@@ -85,11 +86,11 @@ def generator_step(G: nn.Module, D: nn.Module, opt_g: Optimizer, opt_d: Optimize
 def d_update(D: nn.Module, opt_d: Optimizer, d_loss: DLoss, real: Tensor, fake: Tensor, labels: Tensor | None,
              k: int = 0, backward: Backward = Tensor.backward, phase: Phase = untimed) -> DUpdate:
     """D update number ``k`` of a generator step, on ``real`` and ``fake`` (detached, or made under no_grad)."""
-    with phase("d_forward_backward"):
+    with phase("d_forward_backward", k):
         loss, real_logits, fake_logits = d_loss(D, real, fake, labels, k)
         opt_d.zero_grad(set_to_none=True)  # None, not zeros: no memset, and no stale value to add to
         backward(loss)
-    with phase("d_optimizer"):
+    with phase("d_optimizer", k):
         opt_d.step()
     return DUpdate(loss.detach(), real_logits.detach(), fake_logits.detach())
 

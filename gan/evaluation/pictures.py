@@ -15,7 +15,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.utils import make_grid, save_image
 
-from gan.core.phases import PHASES
+from gan.core.phases import NAMES
 from gan.data.datasets import data_shape, is_points
 from gan.files import atomic_write
 
@@ -45,7 +45,7 @@ DASHBOARD_LAYOUT = {
     },
     # Written by gan/training/timing.py's StepTimer: where a generator step's time goes.
     "speed": {
-        "step time by phase (ms)": ["Multiline", [f"time/{phase}_ms" for phase in PHASES] + ["time/step_ms"]],
+        "step time by phase (ms)": ["Multiline", [f"time/{name}_ms" for name in NAMES] + ["time/step_ms"]],
         "generator steps per second": ["Multiline", ["perf/g_steps_per_s"]],
         "images per second": ["Multiline", ["perf/images_per_s"]],
         "peak memory (MiB)": ["Multiline", ["perf/peak_memory_mb"]],

@@ -117,7 +117,7 @@ class AutogradAudit:
         """A forward pre-hook for ``name`` (G or D): in a phase of the step, every submodule is in train mode."""
 
         def check(module: nn.Module, args: Any) -> None:
-            phase = self.phases.current
+            phase = self.phases.current.name if self.phases.current is not None else None
             if phase not in ("g_forward", "d_forward_backward"):
                 return  # sampling and metrics, outside the step: eval mode there
             for sub, m in self.submodules[name]:
@@ -185,14 +185,13 @@ class AutogradAudit:
     def step_start(self) -> None:
         self.steps = {"G": 0, "D": 0}
 
-    def before_backward(self, loss: Tensor) -> None:
-        phase = self.phases.network
-        for name, p in self.named[phase]:
+    def before_backward(self, loss: Tensor, network: str) -> None:
+        for name, p in self.named[network]:
             if p.grad is not None:
-                raise AuditError(f"{phase}.{name} already holds a gradient before the {phase} backward: it "
+                raise AuditError(f"{network}.{name} already holds a gradient before the {network} backward: it "
                                  "would be added to, not replaced; call zero_grad(set_to_none=True) first")
         # The other network's gradients, which this backward must leave as they are (checked before the step).
-        self.other_grads = grad_versions(self.named["G" if phase == "D" else "D"])
+        self.other_grads = grad_versions(self.named["G" if network == "D" else "D"])
 
     def check_d_update(self) -> None:
         changed = first_changed_grad(self.other_grads, self.named["G"])

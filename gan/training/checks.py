@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import os
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gan.cli import reported
 from gan.core.models import d_classifies, g_condition
@@ -177,17 +178,61 @@ class CheckBeforeWriting(Callback):
                 check_before_writing(OmegaConf.create(task), run_dir)
 
 
-def check_before_writing(cfg: DictConfig, run_dir: Path) -> None:
+@dataclass
+class Start:
+    """A training run's checked config (``cfg``), and where a resume starts: its checkpoint, read once, and what
+    the config changes of the one it was trained with (``changes``, gan/training/resume.py). None and []: a new run."""
+
+    cfg: DictConfig
+    checkpoint: dict[str, Any] | None
+    changes: list[Change]
+
+
+# Each run's checks, made before anything was written (by train.py's Hydra callback, gan.train), for the loop in this
+# process to take over rather than make again: the run directory -> the config as checked (plain values, but
+# paths.run_dir, which Hydra sets only for the task) and its Start.
+CHECKED: dict[Path, tuple[dict[str, Any], Start]] = {}
+
+
+def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
     """Every check of a training run that can be made before its directory is written, for train.py (Hydra's
     callback) and gan.train alike: the config's values, the run directory, the data subset and fine-tuning
-    start, and what a resume changes (a refused resume into its own run leaves that run's .hydra/ as it was)."""
+    start, and what a resume changes (a refused resume into its own run leaves that run's .hydra/ as it was).
+    Returns the run's :class:`Start`, which the loop takes over (:func:`checked`)."""
+    given = without_paths(cfg)
     cfg = validate(cfg)
     check_run_dir(run_dir, cfg.ckpt_path)
     check_writable(run_dir)
     check_finetune(cfg)
+    checkpoint, found = None, []
     if cfg.ckpt_path is not None:
-        check_changes(config_changes(read_checkpoint(cfg.ckpt_path, "ckpt_path"),
-                                     OmegaConf.to_container(cfg, resolve=True)), cfg)
+        checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+        found = config_changes(checkpoint, OmegaConf.to_container(cfg, resolve=True))
+        check_changes(found, cfg)
+    start = Start(cfg, checkpoint, found)
+    CHECKED[run_dir.expanduser().resolve()] = (given, start)
+    return start
+
+
+def checked(cfg: DictConfig, run_dir: Path) -> Start:
+    """The checks of the run ``cfg`` describes in ``run_dir``: taken over from :func:`check_before_writing` where it
+    checked this same config there, else made now."""
+    key = run_dir.expanduser().resolve()
+    given, start = CHECKED.pop(key, (None, None))
+    if start is None or given != without_paths(cfg):
+        start = check_before_writing(cfg, run_dir)
+        CHECKED.pop(key)
+    with open_dict(start.cfg):
+        start.cfg.paths.run_dir = str(cfg.paths.run_dir)  # as the task resolves it (Hydra's output directory)
+    return start
+
+
+def without_paths(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg`` as plain values, unresolved, without ``paths`` (where the run is, which Hydra sets for the task)."""
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    plain.pop("paths", None)
+    plain.pop("hydra", None)
+    return plain
 
 
 def check_finetune(cfg: DictConfig) -> None:
@@ -204,25 +249,16 @@ def check_finetune(cfg: DictConfig) -> None:
         start_from(build_module(container, data_shape(data), condition), container)
 
 
-def check_resumable(module: GANModule, cfg: DictConfig) -> list[Change]:
-    """Refuse a checkpoint (``cfg.ckpt_path``) that cannot resume ``module``, built from ``cfg``: no checkpoint,
-    an unsafe one, one of other networks, or one trained with another objective or data (unless
-    resume.allow_changes). Returns what the resume changes (gan/training/resume.py).
-
-    The file is read here (weights_only, on the CPU) before the loop reads it to restore: torch's own errors
-    for such files are tracebacks, and for other networks a list of every tensor.
-    """
-    ckpt_path = cfg.ckpt_path
-    checkpoint = read_checkpoint(ckpt_path, "ckpt_path")
-    problems = mismatched(module.state_dict(), checkpoint["state_dict"])
+def check_resumable(module: GANModule, start: Start) -> None:
+    """Refuse a checkpoint (``start.checkpoint``, read from ``ckpt_path``) of other networks than ``module``, built
+    from the run's config: torch's own error for such a state is a list of every tensor."""
+    ckpt_path = start.cfg.ckpt_path
+    problems = mismatched(module.state_dict(), start.checkpoint["state_dict"])
     if problems:
         overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
         raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
                           "resume with the overrides its run was trained with"
                           + (f" ({overrides})" if overrides.is_file() else ""))
-    found = config_changes(checkpoint, module.cfg)
-    check_changes(found, cfg)
-    return found
 
 
 def config_changes(checkpoint: dict[str, Any], composed: dict[str, Any]) -> list[Change]:

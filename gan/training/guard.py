@@ -54,7 +54,7 @@ class NonFiniteGuard:
         self.loss: Tensor | None = None
         self.windows: dict[str, Window] = {}  # network -> its updates judged on the device since the last read
 
-    def before_backward(self, loss: Tensor) -> None:
+    def before_backward(self, loss: Tensor, network: str) -> None:
         self.loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
 
     def judge(self, optimizer: torch.optim.Optimizer, network: str, update: int) -> None:

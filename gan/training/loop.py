@@ -1,5 +1,5 @@
-"""The training loop: :func:`train` builds a run from its composed config, resumes it where asked, then runs
-generator steps (gan/core/step.py) to ``trainer.max_steps`` and writes what is due after each.
+"""The training loop. :func:`train` reads as a run goes -- its checks, the build, the resume, the generator
+steps, the end -- and each part is a function below it, in that order.
 
 On Lightning Fabric, which launches the processes (``trainer=ddp``), places the networks, wraps each for
 DDP and chooses the precision, from the ``trainer.*`` keys. Everything else is decided once, before the
@@ -34,19 +34,19 @@ from gan.data.module import GANData
 from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
 from gan.run.build import build_module
-from gan.run.checkpoint import read_checkpoint, save_checkpoint
+from gan.run.checkpoint import save_checkpoint
 from gan.run.finetune import start_from
 from gan.run.hold import TRAIN_FIX, holding
 from gan.run.module import GANModule, grad_norm
 from gan.run.settings import EvalSettings
 from gan.training.audit import AutogradAudit
-from gan.training.checks import SEPARATE_DDP, check_resumable, check_run_dir, check_writable, config_changes, validate
+from gan.training.checks import SEPARATE_DDP, Start, check_resumable, check_writable, checked
 from gan.training.guard import NonFiniteGuard
 from gan.training.host import launched_by, no_gpu_probe_per_step, slow_bf16_warning, torch_threads
 from gan.training.loggers import build_loggers, summary_writer
 from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
 from gan.training.profiling import build_profiler
-from gan.training.resume import apply_on_resume, check_changes, log_changes, restore
+from gan.training.resume import apply_on_resume, log_changes, restore
 from gan.training.rng import restore_rng, rng_state, separate_rank_streams
 from gan.training.timing import StepTimer
 
@@ -63,18 +63,6 @@ class Probe:
     def on_end(self, run: Training) -> None: ...
 
 
-class Training:
-    """The parts of one training run as the loop holds them: ``module`` (the networks and their state, as
-    saved), the optimizers and schedules, ``G`` and ``D`` as the step runs them (their DDP wrappers under
-    trainer=ddp, else the networks themselves), the step's record of its phases and the timer reading it."""
-
-    def __init__(self, fabric: Fabric, module: GANModule, optimizers: list[Any], schedules: list[Any],
-                 G: nn.Module, D: nn.Module, phases: StepPhases, timer: PhaseTimer):
-        self.fabric, self.module, self.optimizers, self.schedules = fabric, module, optimizers, schedules
-        self.G, self.D, self.phases, self.timer = G, D, phases, timer
-        self.step_optimizers = tuple(optimizers)  # as the step steps them (through the loss scaler under float16)
-
-
 def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns its module, with the
     last logged losses and metrics in ``module.last_losses`` and ``module.last_metrics``. The run directory
@@ -84,200 +72,15 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
     threads = torch.get_num_threads()
     try:
         with holding(run_dir, "training", TRAIN_FIX):  # train.py: takes over the hold its Hydra callback took
-            return fit(cfg, probes)
+            # train.py, gan.train: the checks they made before anything was written, taken over
+            start = checked(cfg, run_dir)
+            set_threads(start.cfg)
+            run = build(start)
+            resume(run, start)
+            run_steps(run, probes)
+            return finish(run)
     finally:
         torch.set_num_threads(threads)  # train.threads is the run's: a notebook or a test suite keeps its own count
-
-
-def fit(cfg: DictConfig, probes: Sequence[Probe]) -> GANModule:
-    """:func:`train`, in its held run directory."""
-    cfg = validate(cfg)
-    run_dir = Path(cfg.paths.run_dir)
-    check_run_dir(run_dir, cfg.ckpt_path)
-    check_writable(run_dir)
-    no_gpu_probe_per_step()
-    threads, why = torch_threads(cfg.train.threads, cfg.trainer.devices)
-    if threads is not None:
-        torch.set_num_threads(threads)
-        log.info(f"torch threads: {threads} ({why})")
-    container = OmegaConf.to_container(cfg, resolve=True)
-
-    # --- build: processes, data, networks, optimizers ------------------------------------------------
-    fabric = build_fabric(container["trainer"], build_loggers(container.get("logger") or {}))
-    fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
-    fabric.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = GANData(container["data"], cfg.train.batch_size, cfg.train.d_steps, cfg.seed)
-    # What G takes beside its noise, and which of the data's classes it trains on.
-    condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
-    module = build_module(container, data_shape(container["data"]), condition)
-    module.global_rank = fabric.global_rank
-    checkpoint = None
-    if cfg.ckpt_path is not None:
-        checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
-        check_changes(config_changes(checkpoint, container), cfg)  # train.py's line first, as it refuses a change
-        found = check_resumable(module, cfg)
-        log_changes(found)
-        restore(module, checkpoint, container, found)  # with what the config changes of the restored state
-    # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
-    for line in start_from(module, container, checkpoint):
-        if fabric.is_global_zero:
-            log.info(line)
-    if fabric.is_global_zero:
-        log.info(f"networks:\n{describe_networks(module)}")
-    precision = fabric.strategy.precision
-    if fabric.is_global_zero and (warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision))):
-        log.warning(warning)
-    if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
-        module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
-    module = precision.convert_module(module).to(fabric.device)  # *-true precisions: the weights in that dtype
-    optimizers, schedules = module.configure_optimizers()
-    if checkpoint is not None:
-        for optimizer, state in zip(optimizers, checkpoint["optimizer_states"]):
-            optimizer.load_state_dict(state)
-        for schedule, state in zip(schedules, checkpoint.get("lr_schedulers", [])):
-            schedule.load_state_dict(state)
-        apply_on_resume(container["optim"], optimizers, schedules)  # this config's rates, not the checkpoint's
-        precision.load_state_dict(checkpoint.get("precision", {}))
-    # trainer=ddp: one DistributedDataParallel each for G and D (see configs/trainer/ddp.yaml for why).
-    ddp = isinstance(fabric.strategy, DDPStrategy)
-    G, D = (fabric.strategy.setup_module(module.G), fabric.strategy.setup_module(module.D)) if ddp else \
-        (module.G, module.D)
-    timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
-    phases = StepPhases(timer)  # which update runs, for the guard, the audit and the pictures; the timer reads it
-    run = Training(fabric, module, optimizers, schedules, G, D, phases, timer)
-
-    # --- what the step calls, decided once -----------------------------------------------------------
-    scaler = getattr(precision, "scaler", None)  # float16's GradScaler (trainer.precision=16-mixed), else None
-    # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
-    if scaler is not None:
-        run.step_optimizers = fabric.setup_optimizers(*optimizers)
-    autocast = nullcontext if type(precision) is Precision else precision.forward_context  # 32-true: none
-    loggers = fabric.loggers if fabric.is_global_zero else []
-    guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, module.d_steps, scaler,
-                           lambda ok: fabric.strategy.reduce_boolean_decision(ok, all=True))
-    for optimizer in optimizers:  # before the audit's hooks: the audit sees the guard's verdict
-        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
-    checker = AutogradAudit(module, *optimizers, phases, scaler) if cfg.audit else None
-    writer = summary_writer(loggers)
-    points = is_points(module.data_shape)
-    samples = Samples(cfg.log.sample_every, run_dir / "samples", writer, fabric.is_global_zero,
-                      real_points_for_plot(data.dataset) if points else None,
-                      mixture_means(cfg.data.name) if points else None)
-
-    def backward(loss: Tensor) -> None:
-        guard.before_backward(loss)
-        if checker is not None:
-            checker.before_backward(loss)
-        samples.before_backward(loss, phases.network)
-        if scaler is not None:
-            fabric.backward(loss)  # the loss scaled first
-        else:
-            loss.backward()
-
-    def write_checkpoint(path: Path) -> None:
-        guard.read()  # raises rather than let a state after a bad update be saved
-        if fabric.is_global_zero:
-            save_checkpoint(training_state(run), path)
-
-    checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, write_checkpoint,
-                              fabric.is_global_zero, lambda: kill_other_ranks(fabric))
-    metrics = (Metrics(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed, loggers)
-               if cfg.eval.every else None)
-    step_timer = StepTimer(timer, cfg.train.batch_size * fabric.world_size, loggers) \
-        if cfg.timing.enabled else None
-    profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
-    phases.labels = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
-
-    # --- resume where the checkpoint left off, then the generator steps -----------------------------
-    start = module.counters.g
-    batches = iter(data.loader(start, fabric.global_rank, fabric.world_size, fabric.device))
-    to_device = (lambda batch: batch) if data.in_memory else fabric.to_device  # in-memory data is there already
-    if checkpoint is not None:
-        restore_rng(checkpoint["rng"])
-    separate_rank_streams(fabric.global_rank)
-    # Under DDP every rank must stop at the same step: agreed once per logging window, the one place a
-    # step reads from the device anyway; on one process the request is read at every step, for nothing.
-    agree_every = cfg.log.every if fabric.world_size > 1 else 1
-    for logger in loggers:
-        logger.log_hyperparams(module.hparams)
-    if fabric.is_global_zero:
-        samples.at_start(module)
-        if metrics is not None:
-            measured = data.dataset if cfg.data.get("limit") is None else population(container["data"], cfg.seed)
-            metrics.at_start(module, container["data"], measured)
-    progress = Progress(cfg.trainer.max_steps, start) if cfg.trainer.enable_progress_bar and fabric.is_global_zero \
-        else None
-    max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
-    checkpoints.catch_signals()
-    status = "failed"
-    try:
-        for probe in probes:
-            probe.on_start(run)
-        if step_timer is not None:
-            step_timer.at_start()
-        stop = False
-        while module.counters.g < max_steps and not stop:
-            batch = next(batches)
-            for probe in probes:
-                probe.on_step_start(run, batch)
-            batch = to_device(batch)
-            timer.stop("data")
-            if checker is not None:
-                checker.step_start()
-            with profiler.profile("generator_step"), autocast():
-                result = generator_step(run, batch, backward, scaler)
-                with phases.phase("statistics"):
-                    update_statistics(run, result)
-            timer.start("callbacks")  # what is due after the step, closed by the StepTimer
-            g = module.counters.g
-            if g % agree_every == 0:
-                stop = agree_to_stop(fabric, checkpoints.stop_requested)
-            # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged.
-            logged = g % log_every == 0 or g == max_steps or stop
-            if logged:
-                guard.read()  # a bad update stops the run before it is logged
-                log_step(module, result, loggers)
-            if checker is not None:
-                checker.step_end()
-            checkpoints.after_step(g, stop)
-            samples.after_step(module)
-            if metrics is not None and fabric.is_global_zero:
-                metrics.after_step(module)
-                module.last_metrics = metrics.last
-            if step_timer is not None:
-                step_timer.after_step(g, logged)
-            if progress is not None:
-                progress.after_step(module.last_losses, logged)
-            for probe in probes:
-                probe.on_step_end(run)
-        for probe in probes:
-            probe.on_end(run)
-        guard.read()
-        checkpoints.at_end(module.counters.g)
-        samples.at_end(module)
-        if fabric.is_global_zero:
-            snapshot.save_snapshot(run_dir / snapshot.FILE, module.snapshot())
-        status = "success"
-    except BaseException:
-        kill_other_ranks(fabric)  # a rank that failed alone would leave the others waiting in a collective
-        raise
-    finally:
-        checkpoints.restore_handlers()
-        if checker is not None:
-            checker.close()
-        if progress is not None:
-            progress.close()
-        profiler.describe()
-        for logger in loggers:
-            logger.finalize(status)
-    if fabric.is_global_zero:
-        log_summary(module, run_dir, checkpoints.stopped_by)
-    if checkpoints.stopped_by:
-        last = run_dir / "checkpoints" / "last.ckpt"
-        raise Interrupted(f"stopped by {checkpoints.stopped_by} at generator step {module.counters.g}, saved in "
-                          f"{last}: resume with the same overrides and {shlex.quote(f'ckpt_path={last}')}",
-                          checkpoints.exit_code)
-    return module
 
 
 def train_task(cfg: DictConfig) -> float | None:
@@ -302,6 +105,57 @@ def returned_metric(module: GANModule, name: str) -> float:
     return logged[name]
 
 
+def set_threads(cfg: DictConfig) -> None:
+    """torch's intra-op threads for the run, fixed for all of it (gan/training/host.py says how many, and why)."""
+    no_gpu_probe_per_step()
+    threads, why = torch_threads(cfg.train.threads, cfg.trainer.devices)
+    if threads is not None:
+        torch.set_num_threads(threads)
+        log.info(f"torch threads: {threads} ({why})")
+
+
+# --- the build: processes, data, networks, optimizers, and what watches the step ------------------------------
+
+class Training:
+    """One run as the loop holds it, built by :func:`build`: its config (``cfg``, and ``container``: the same
+    as plain values), Fabric, the data, ``module`` (the networks and their state, as saved), the optimizers and
+    schedules, ``G`` and ``D`` as the step runs them (their DDP wrappers under trainer=ddp, else the networks
+    themselves), the step's record of its phases and the timer reading it, and the run's outputs."""
+
+    def __init__(self, cfg: DictConfig, fabric: Fabric, data: GANData, module: GANModule):
+        self.cfg, self.container = cfg, OmegaConf.to_container(cfg, resolve=True)
+        self.run_dir = Path(cfg.paths.run_dir)
+        self.fabric, self.data, self.module = fabric, data, module
+        self.zero = fabric.is_global_zero  # rank 0 logs, samples, measures and writes for every rank
+        self.loggers = fabric.loggers if self.zero else []
+        self.progress: Progress | None = None  # the console's progress bar, made as the steps start
+
+
+def build(start: Start) -> Training:
+    """Everything a run trains with, from its checked config: each piece in the order the next needs it."""
+    cfg = start.cfg
+    container = OmegaConf.to_container(cfg, resolve=True)
+    fabric = build_fabric(container["trainer"], build_loggers(container.get("logger") or {}))
+    fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
+    fabric.seed_everything(cfg.seed, workers=True, verbose=False)
+    data = GANData(container["data"], cfg.data.batch_size, cfg.loss.d_steps, cfg.seed)
+    # What G takes beside its noise, and which of the data's classes it trains on.
+    condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
+    run = Training(cfg, fabric, data, build_module(container, data_shape(container["data"]), condition))
+    run.module.global_rank = fabric.global_rank
+    if start.checkpoint is not None:  # the state first: fine-tuning freezes blocks of the restored networks
+        check_resumable(run.module, start)
+        log_changes(start.changes)
+        restore(run.module, start.checkpoint, container, start.changes)
+    # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
+    for line in start_from(run.module, container, start.checkpoint):
+        if run.zero:
+            log.info(line)
+    place(run)
+    observe(run)
+    return run
+
+
 def build_fabric(trainer: dict[str, Any], loggers: list[Any]) -> Fabric:
     """Fabric from the ``trainer.*`` keys (accelerator, devices, num_nodes, strategy, precision)."""
     strategy = trainer["strategy"]
@@ -313,10 +167,146 @@ def build_fabric(trainer: dict[str, Any], loggers: list[Any]) -> Fabric:
                   strategy=strategy, precision=trainer["precision"], loggers=loggers)
 
 
-def generator_step(run: Training, batch: tuple[Tensor, Tensor], backward: step.Backward,
-                   scaler: torch.amp.GradScaler | None) -> step.StepResult:
-    """One generator step on ``batch``: ``train.d_steps`` D updates, then G's (gan/core/step.py)."""
-    module, objective = run.module, run.module.objective
+def place(run: Training) -> None:
+    """The networks on their device in their precision, their optimizers, and G and D as the step runs them."""
+    fabric, cfg = run.fabric, run.cfg
+    if run.zero:
+        log.info(f"networks:\n{describe_networks(run.module)}")
+        if warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision)):
+            log.warning(warning)
+    precision = run.precision = fabric.strategy.precision
+    module = run.module
+    if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
+        module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    run.module = module = precision.convert_module(module).to(fabric.device)  # *-true: the weights in that dtype
+    run.optimizers, run.schedules = module.configure_optimizers()
+    run.scaler = getattr(precision, "scaler", None)  # float16's GradScaler (trainer.precision=16-mixed), else None
+    # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
+    run.step_optimizers = fabric.setup_optimizers(*run.optimizers) if run.scaler is not None else tuple(run.optimizers)
+    run.autocast = nullcontext if type(precision) is Precision else precision.forward_context  # 32-true: none
+    # trainer=ddp: one DistributedDataParallel each for G and D (see configs/trainer/ddp.yaml for why).
+    ddp = isinstance(fabric.strategy, DDPStrategy)
+    run.G, run.D = ((fabric.strategy.setup_module(module.G), fabric.strategy.setup_module(module.D)) if ddp
+                    else (module.G, module.D))
+
+
+def observe(run: Training) -> None:
+    """What watches the step, each attached once: the phase record (which the timer, the guard, the audit and
+    the pictures read), the non-finite guard and the audit (on the optimizers' steps), and the run's outputs."""
+    fabric, cfg, module, run_dir = run.fabric, run.cfg, run.module, run.run_dir
+    run.timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
+    run.phases = phases = StepPhases(run.timer)
+    phases.profiled = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
+    run.guard = guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, module.d_steps, run.scaler,
+                                       lambda ok: fabric.strategy.reduce_boolean_decision(ok, all=True))
+    for optimizer in run.optimizers:  # before the audit's hooks: the audit sees the guard's verdict
+        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
+    run.audit = AutogradAudit(module, *run.optimizers, phases, run.scaler) if cfg.audit else None
+    points = is_points(module.data_shape)
+    run.samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(run.loggers), run.zero,
+                          real_points_for_plot(run.data.dataset) if points else None,
+                          mixture_means(cfg.data.name) if points else None)
+    # What sees each backward: the guard (the loss it judges), the audit, the pictures of the autograd graph.
+    run.backward_watchers = [w for w in (guard, run.audit, run.samples) if w is not None]
+    run.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
+                                  lambda path: write_checkpoint(run, path), run.zero, lambda: kill_other_ranks(fabric))
+    run.metrics = (Metrics(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed, run.loggers)
+                   if cfg.eval.every and run.zero else None)
+    run.step_timer = (StepTimer(run.timer, cfg.data.batch_size * fabric.world_size, run.loggers)
+                      if cfg.timing.enabled else None)
+    run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
+
+
+def resume(run: Training, start: Start) -> None:
+    """The batches from the module's generator step on, then where the checkpoint left off (a resume): the
+    optimizers' and schedules' state, with this config's rates, the loss scale, and the random streams; then each
+    rank's own streams."""
+    fabric, checkpoint = run.fabric, start.checkpoint
+    run.batches = iter(run.data.loader(run.module.counters.g, fabric.global_rank, fabric.world_size, fabric.device))
+    if checkpoint is not None:
+        for optimizer, state in zip(run.optimizers, checkpoint["optimizer_states"]):
+            optimizer.load_state_dict(state)
+        for schedule, state in zip(run.schedules, checkpoint.get("lr_schedulers", [])):
+            schedule.load_state_dict(state)
+        apply_on_resume(run.container["optim"], run.optimizers, run.schedules)  # this config's, not the checkpoint's
+        run.precision.load_state_dict(checkpoint.get("precision", {}))
+        restore_rng(checkpoint["rng"])
+    separate_rank_streams(fabric.global_rank)
+
+
+# --- the generator steps --------------------------------------------------------------------------------------
+
+def run_steps(run: Training, probes: Sequence[Probe]) -> None:
+    """Generator steps from the module's counter to ``trainer.max_steps``, each followed by what is due after it,
+    until the last or a signal; the outputs at the end."""
+    fabric, module, phases, cfg, batches = run.fabric, run.module, run.phases, run.cfg, run.batches
+    to_device = (lambda batch: batch) if run.data.in_memory else fabric.to_device  # in-memory data is there already
+    # Under DDP every rank must stop at the same step: agreed once per logging window, the one place a
+    # step reads from the device anyway; on one process the request is read at every step, for nothing.
+    agree_every = cfg.log.every if fabric.world_size > 1 else 1
+    max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
+    status = "failed"
+    try:
+        at_start(run)
+        for probe in probes:
+            probe.on_start(run)
+        stop = False
+        while module.counters.g < max_steps and not stop:
+            with phases.phase("data"):
+                batch = next(batches)
+                for probe in probes:
+                    probe.on_step_start(run, batch)
+                batch = to_device(batch)
+            if run.audit is not None:
+                run.audit.step_start()
+            with run.profiler.profile("generator_step"), run.autocast():
+                result = run_step(run, batch)
+                with phases.phase("statistics"):
+                    update_statistics(run, result)
+            g = module.counters.g
+            if g % agree_every == 0:
+                stop = agree_to_stop(fabric, run.checkpoints.stop_requested)
+            # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged.
+            logged = g % log_every == 0 or g == max_steps or stop
+            with phases.phase("callbacks"):
+                after_step(run, result, g, logged, stop)
+                for probe in probes:
+                    probe.on_step_end(run)
+            if run.step_timer is not None:  # after the callbacks: their time is in this window
+                run.step_timer.after_step(g, logged)
+        for probe in probes:
+            probe.on_end(run)
+        at_end(run)
+        status = "success"
+    except BaseException:
+        kill_other_ranks(fabric)  # a rank that failed alone would leave the others waiting in a collective
+        raise
+    finally:
+        close(run, status)
+
+
+def at_start(run: Training) -> None:
+    """Before the first step: the hyper-parameters logged, the first samples, the metrics' references, the progress
+    bar, the signal handlers, the clocks."""
+    module, cfg = run.module, run.cfg
+    for logger in run.loggers:
+        logger.log_hyperparams(module.hparams)
+    if run.zero:
+        run.samples.at_start(module)
+    if run.metrics is not None:
+        data = run.container["data"]
+        measured = run.data.dataset if data.get("limit") is None else population(data, cfg.seed)
+        run.metrics.at_start(module, data, measured)
+    run.progress = Progress(cfg.trainer.max_steps, module.counters.g) if cfg.trainer.enable_progress_bar and run.zero \
+        else None
+    run.checkpoints.catch_signals()
+    if run.step_timer is not None:
+        run.step_timer.at_start()
+
+
+def run_step(run: Training, batch: tuple[Tensor, Tensor]) -> step.StepResult:
+    """One generator step on ``batch``: ``loss.d_steps`` D updates, then G's (gan/core/step.py)."""
+    module, objective, scaler = run.module, run.module.objective, run.scaler
     images = batch[0].contiguous(memory_format=torch.channels_last) if module.channels_last else batch[0]
     reals = images.chunk(module.d_steps)
     kind = module.condition.kind
@@ -324,15 +314,22 @@ def generator_step(run: Training, batch: tuple[Tensor, Tensor], backward: step.B
               batch[1].chunk(module.d_steps) if kind == "classes" else [None] * module.d_steps)
     # One (noise, real, labels) per D update; the last batch's G forward also serves G's update.
     batches = [step.Batch(module.noise(len(real)), real, y) for real, y in zip(reals, labels)]
-    first_d_update = module.counters.d
+    done = module.counters.d  # the run's D updates before this step: its k-th is the run's number done + k
 
     def d_loss(D: nn.Module, real: Tensor, fake: Tensor, y: Tensor | None, k: int) -> tuple[Tensor, ...]:
         # The penalties' inner backward is scaled like the loss under float16 (a device tensor: no sync).
         scale = (scaler.scale(torch.ones((), device=module.device))
-                 if scaler is not None and objective.needs_loss_scale(first_d_update + k) else None)
-        return objective.d_loss(D, real, fake, y, first_d_update + k, scale)
+                 if scaler is not None and objective.needs_loss_scale(done + k) else None)
+        return objective.d_loss(D, real, fake, y, done + k, scale)
 
-    run.phases.begin_step()
+    def backward(loss: Tensor) -> None:
+        for watcher in run.backward_watchers:
+            watcher.before_backward(loss, run.phases.network)
+        if scaler is not None:
+            run.fabric.backward(loss)  # the loss scaled first
+        else:
+            loss.backward()
+
     opt_g, opt_d = run.step_optimizers
     return step.generator_step(run.G, run.D, opt_g, opt_d, batches, d_loss, objective.g_loss, backward,
                                run.phases.phase)
@@ -355,6 +352,24 @@ def update_statistics(run: Training, result: step.StepResult) -> None:
     augment = module.objective.augment
     if augment is not None and module.counters.g % augment.interval == 0:
         augment.adjust(module.batch_size * run.fabric.world_size)
+
+
+def after_step(run: Training, result: step.StepResult, g: int, logged: bool, stop: bool) -> None:
+    """What is due after generator step ``g``: its scalars (``logged``), the audit's end-of-step checks, a
+    checkpoint, samples, metrics, the progress bar."""
+    module = run.module
+    if logged:
+        run.guard.read()  # a bad update stops the run before it is logged
+        log_step(module, result, run.loggers)
+    if run.audit is not None:
+        run.audit.step_end()
+    run.checkpoints.after_step(g, stop)
+    run.samples.after_step(module)
+    if run.metrics is not None:
+        run.metrics.after_step(module)
+        module.last_metrics = run.metrics.last
+    if run.progress is not None:
+        run.progress.after_step(module.last_losses, logged)
 
 
 def log_step(module: GANModule, result: step.StepResult, loggers: list[Any]) -> None:
@@ -390,6 +405,49 @@ def kill_other_ranks(fabric: Fabric) -> None:
         launcher.kill(signal.SIGKILL)
 
 
+# --- the end ---------------------------------------------------------------------------------------------------
+
+def at_end(run: Training) -> None:
+    """After the last step: last.ckpt, the last samples, the generator's snapshot."""
+    run.guard.read()
+    run.checkpoints.at_end(run.module.counters.g)
+    run.samples.at_end(run.module)
+    if run.zero:
+        snapshot.save_snapshot(run.run_dir / snapshot.FILE, run.module.snapshot())
+
+
+def close(run: Training, status: str) -> None:
+    """However the steps ended: the signal handlers, the audit's hooks, the progress bar, the profiler, the loggers."""
+    run.checkpoints.restore_handlers()
+    if run.audit is not None:
+        run.audit.close()
+    if run.progress is not None:
+        run.progress.close()
+    run.profiler.describe()
+    for logger in run.loggers:
+        logger.finalize(status)
+
+
+def finish(run: Training) -> GANModule:
+    """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, which says how to resume."""
+    module, run_dir, stopped_by = run.module, run.run_dir, run.checkpoints.stopped_by
+    if run.zero:
+        log_summary(module, run_dir, stopped_by)
+    if stopped_by:
+        last = run_dir / "checkpoints" / "last.ckpt"
+        raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in "
+                          f"{last}: resume with the same overrides and {shlex.quote(f'ckpt_path={last}')}",
+                          run.checkpoints.exit_code)
+    return module
+
+
+def write_checkpoint(run: Training, path: Path) -> None:
+    """The training state to ``path`` (rank 0), once the guard has read that no bad update came before it."""
+    run.guard.read()  # raises rather than let a state after a bad update be saved
+    if run.zero:
+        save_checkpoint(training_state(run), path)
+
+
 def training_state(run: Training) -> dict[str, Any]:
     """What a checkpoint holds: everything an exact resume needs, as tensors and plain containers (read back
     with ``torch.load(weights_only=True)``). The keys are those of the checkpoints Lightning's Trainer
@@ -417,14 +475,13 @@ def describe_networks(module: GANModule) -> str:
 
 def log_summary(module: GANModule, run_dir: Path, stopped_by: str | None = None) -> None:
     """What the run did and where to look next: on the console and in the run's log file (train.log)."""
-    step = module.counters.g
+    steps = module.counters.g
     losses = [f"{name} {value:.4g}" for name, value in module.last_losses.items()]
     # The loop logs the last step it trains: none logged means none trained (a resume at trainer.max_steps).
-    final = f"final losses {', '.join(losses)} (generator step {step})" if losses else "no generator step trained"
+    final = f"final losses {', '.join(losses)} (generator step {steps})" if losses else "no generator step trained"
     how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
-    log.info(f"Run {how} {step} generator steps in {run_dir}; {final}")
+    log.info(f"Run {how} {steps} generator steps in {run_dir}; {final}")
     # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
     log.info(f"  curves and samples: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
     log.info(f"  metrics:            python evaluate.py {shlex.quote(f'run_dir={run_dir}')}")
     log.info(f"  the generator:      {shlex.quote(str(run_dir / snapshot.FILE))} (gan.core.snapshot.load_generator)")
-

@@ -3,8 +3,9 @@
 Phases, in the order a generator step runs them (``PHASES``): waiting for data (fetch and transfer to
 the device), D forward+backward, D optimizer step, G forward (G(z), and the G loss through D), G
 backward, G optimizer step, statistics (counters, EMA, running means, ADA), and the callbacks (what
-is due after the step: logging, samples, checkpoints, metrics). The step marks its own through
-:meth:`StepPhases.phase`, whose record the timer reads at each boundary; the loop opens and closes the rest.
+is due after the step: logging, samples, checkpoints, metrics), as gan/core/phases.py lists them. The step
+marks its own through :meth:`StepPhases.phase`, the loop the three around them, and the timer reads each
+boundary.
 
 Why it is timed this way:
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from gan.core.phases import PHASES, PhaseTimer
+from gan.core.phases import NAMES, PhaseTimer
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -43,8 +44,7 @@ class StepTimer:
     """Logs every phase's mean over each window of steps up to a logged one (every ``log.every`` and the last) as
     ``time/<phase>_ms``, with ``perf/g_steps_per_s``, ``perf/images_per_s`` (``images_per_step``: over all
     processes) and ``perf/peak_memory_mb``, to ``loggers`` (rank 0's; empty on other ranks). ``timer``: the
-    step's phase record, whose "data" phase this opens at the end of each step and the loop closes when the next
-    batch is in hand."""
+    reader of the step's phases."""
 
     def __init__(self, timer: PhaseTimer, images_per_step: int, loggers: list[Any]):
         self.timer, self.images_per_step, self.loggers = timer, images_per_step, loggers
@@ -52,18 +52,17 @@ class StepTimer:
 
     def at_start(self) -> None:
         self.timer.collect()  # drop anything from before training
-        self.timer.start("data")
         self.window_start, self.window_steps = time.perf_counter(), 0
 
     def after_step(self, step: int, logged: bool) -> None:
-        """After generator step ``step``; ``logged``: the loop logged its scalars, and the window closes."""
+        """After generator step ``step`` and its callbacks; ``logged``: the loop logged its scalars, and the
+        window closes."""
         timer = self.timer
-        timer.stop("callbacks")  # opened by the loop after the step's statistics
         self.window_steps += 1
         if logged:
             totals = timer.collect()  # one device sync per logging window
             elapsed = time.perf_counter() - self.window_start
-            values = {f"time/{name}_ms": totals.get(name, 0.0) / self.window_steps for name in PHASES}
+            values = {f"time/{name}_ms": totals.get(name, 0.0) / self.window_steps for name in NAMES}
             values["time/step_ms"] = elapsed * 1e3 / self.window_steps
             values["perf/g_steps_per_s"] = self.window_steps / elapsed
             values["perf/images_per_s"] = values["perf/g_steps_per_s"] * self.images_per_step
@@ -71,4 +70,3 @@ class StepTimer:
             for logger in self.loggers:
                 logger.log_metrics(values, step=step)
             self.window_start, self.window_steps = time.perf_counter(), 0
-        timer.start("data")
