@@ -76,7 +76,7 @@ def backward_flops(data: list[str], freeze_d: int, seed: int = 0) -> int:
     cfg = OmegaConf.to_container(compose("experiment=mnist", *data), resolve=True)
     module = build_module(cfg, data_shape(cfg["data"]), UNCONDITIONAL)
     freeze_networks(module, {"freeze_d": freeze_d, "freeze_g": 0})
-    real = build_dataset(cfg["data"], seed).tensors[0][: cfg["train"]["batch_size"]]
+    real = build_dataset(cfg["data"], seed).tensors[0][: cfg["data"]["batch_size"]]
     fake = module.G(module.noise(len(real))).detach()
     total = 0
     for k in range(4):

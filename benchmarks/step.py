@@ -20,7 +20,7 @@ user pays), and comparisons are ratios. Sections:
 (c) the detach and freeze decisions, from ``python -m gan.patterns`` (the training step's own code);
 (d) evaluation under no_grad vs with autograd: time and memory held;
 (e) each speed option alone and combined vs fp32 eager, through ``train``: bf16 autocast
-    (``trainer.precision=bf16-mixed``), ``train.channels_last=true``, ``train.compile=true``;
+    (``trainer.precision=bf16-mixed``), ``data.channels_last=true``, ``train.compile=true``;
 (f) the cost of the per-phase timing itself: ``timing.enabled`` true vs false;
 (threads) each recipe on one thread against every core; (compile) ``train.compile`` against eager per
     recipe, the cold compile included; (variants) what width, batch or precision would buy the default
@@ -235,19 +235,19 @@ def bare_step(cfg: DictConfig, device: torch.device) -> Callable[[], object]:
     values = classes or codes  # what G's labels take: the data's classes, or the latent code's values
     classify = values > 0 and d_classifies(container["model"])
     g, d = (m.to(device) for m in build_models(container["model"], cfg.train.z_dim, shape, values))
-    if data.dim() == 4 and cfg.train.channels_last:  # images, in the layout the recipe asks for
+    if data.dim() == 4 and cfg.data.channels_last:  # images, in the layout the recipe asks for
         g, d = g.to(memory_format=torch.channels_last), d.to(memory_format=torch.channels_last)
         data = data.contiguous(memory_format=torch.channels_last)
     augment = build_augment(container["augment"], shape)
     augment = augment.to(device) if augment is not None else None
     loss = get_loss(cfg.loss.name)
-    reg, gp_weight = container["reg"], float(container["loss"].get("gp_weight", 0.0))
+    reg, gp_weight = container["reg"], penalty_weight(container["loss"])
     ema = [p.detach().clone() for p in g.parameters()] if cfg.ema.enabled else []
     optimizers = [torch.optim.Adam(m.parameters(), lr=o["lr"], betas=tuple(o["betas"]), fused=True)
                   for m, o in ((g, container["optim"]["g"]), (d, container["optim"]["d"]))]
     opt_g, opt_d = optimizers
     base_lrs = [o.param_groups[0]["lr"] for o in optimizers]
-    batch, z_dim, d_steps = cfg.train.batch_size, cfg.train.z_dim, cfg.train.d_steps
+    batch, z_dim, d_steps = cfg.data.batch_size, cfg.train.z_dim, cfg.loss.d_steps
     means = torch.zeros(2, device=device)  # LeCam's anchors: running means of D(real), D(fake)
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=cfg.trainer.precision == "bf16-mixed")
     state = {"g": 0, "d": 0, "log": []}
@@ -432,9 +432,9 @@ def machine(device: torch.device) -> str:
 DCGAN64 = ["model.width=64", "train.z_dim=100", "data.image_size=64", "data.batch_size=64", "augment=none",
            "reg=none"]
 SPEED_OPTIONS = {
-    "fp32, NCHW": ["train.channels_last=false"],
+    "fp32, NCHW": ["data.channels_last=false"],
     "fp32, channels_last (the default)": [],
-    "bf16 autocast, NCHW": ["trainer.precision=bf16-mixed", "train.channels_last=false"],
+    "bf16 autocast, NCHW": ["trainer.precision=bf16-mixed", "data.channels_last=false"],
     "bf16 autocast + channels_last": ["trainer.precision=bf16-mixed"],
     "compile (fp32, channels_last)": ["train.compile=true"],
     "bf16 + channels_last + compile": ["trainer.precision=bf16-mixed", "train.compile=true"],
@@ -526,7 +526,7 @@ def section_threads(folder: Path, mnist: tuple[Path, str], args: argparse.Namesp
 DIGITS_VARIANTS = {"the recipe (width 32, batch 64, fp32)": [], "model.width=64": ["model.width=64"],
                    "data.batch_size=32": ["data.batch_size=32"],
                    "trainer.precision=bf16-mixed": ["trainer.precision=bf16-mixed"],
-                   "bf16-mixed + channels_last": ["trainer.precision=bf16-mixed", "train.channels_last=true"]}
+                   "bf16-mixed + channels_last": ["trainer.precision=bf16-mixed", "data.channels_last=true"]}
 
 
 def section_variants(args: argparse.Namespace, device: torch.device) -> list[str]:
@@ -760,7 +760,7 @@ def bare_loop_us(steps: int, batches: bool) -> float:
         return None
 
     cfg = compose_train("experiment=ring", run_dir=Path("unused"))
-    data = GANData(OmegaConf.to_container(cfg.data, resolve=True), cfg.train.batch_size, cfg.train.d_steps, 0)
+    data = GANData(OmegaConf.to_container(cfg.data, resolve=True), cfg.data.batch_size, cfg.loss.d_steps, 0)
     loader = iter(data.loader())
     start = time.perf_counter()
     for _ in range(steps):

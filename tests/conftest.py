@@ -36,12 +36,13 @@ def compose_config(*overrides: str, run_dir: Path | None = None) -> DictConfig:
 
 
 def eval_settings(*overrides: str) -> EvalSettings:
-    """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes them (e.g. "num_samples=50")
+    """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes and checks them (e.g. "num_samples=50")
     for a run of the default recipe (whose eval.classifier_steps evaluate.py's null default takes)."""
     from gan.evaluation.app import with_run_classifier_steps
+    from gan.run.schema import EvaluateConfig, conform
     from gan.run.settings import EvalSettings
 
-    cfg = compose(*overrides, config="evaluate")
+    cfg = conform(compose(*overrides, config="evaluate"), EvaluateConfig)
     run_cfg = {"eval": {"classifier_steps": compose_config().eval.classifier_steps}}
     return EvalSettings.from_config(with_run_classifier_steps(cfg, run_cfg))
 

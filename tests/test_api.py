@@ -70,6 +70,13 @@ def test_bad_input_raises_and_writes_nothing(tmp_path):
     with pytest.raises(ConfigError, match="trainer.max_steps=0"):
         train(*TINY, "trainer.max_steps=0", run_dir=tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+    for old, line in (("train.batch_size=32", "train.batch_size is now data.batch_size: use data.batch_size=32"),
+                      ("+train.batch_size=32", "train.batch_size is now data.batch_size: use data.batch_size=32"),
+                      ("loss.batchnorm_in_d=false", "loss.batchnorm_in_d is now model.d_batchnorm: use "
+                                                    "model.d_batchnorm=false")):
+        with pytest.raises(ConfigError, match=f"^{re.escape(line)}$"):  # the line train.py prints
+            train(*TINY, old, run_dir=tmp_path / "bad")
+        assert not (tmp_path / "bad").exists()
     with pytest.raises(ConfigError, match="is not a directory"):
         evaluate(tmp_path / "missing")
 

@@ -52,9 +52,16 @@ CONFIG_ERRORS = {
     ("ema.enabled=maybe",): "error: ema.enabled=maybe: Value 'maybe' is not a valid bool (type str)",
     ("data=folder",): "error: data.path has no value: give one, e.g. python train.py data.path=<value>",
     ("trainer.max_steps=0",): "error: trainer.max_steps=0: it must be >= 1 (the number of generator steps)",
-    ("train.batch_size=0",): "error: train.batch_size=0: it must be >= 1 (real images per D update, set by "
-                             "data.batch_size)",
-    ("loss.d_steps=0",): "error: train.d_steps=0: it must be >= 1 (D updates per generator step, set by loss.d_steps)",
+    ("data.batch_size=0",): "error: data.batch_size=0: it must be >= 1 (real images per D update)",
+    ("loss.d_steps=0",): "error: loss.d_steps=0: it must be >= 1 (D updates per generator step)",
+    # Old names of keys (gan/run/schema.py's was=): refused by Hydra, or by the schema where + added them.
+    ("train.batch_size=32",): "error: train.batch_size is now data.batch_size: use data.batch_size=32",
+    ("+train.batch_size=32",): "error: train.batch_size is now data.batch_size: use data.batch_size=32",
+    ("train.d_steps=2",): "error: train.d_steps is now loss.d_steps: use loss.d_steps=2",
+    ("train.channels_last=true",): "error: train.channels_last is now data.channels_last: use data.channels_last=true",
+    ("loss=wgan_gp", "loss.batchnorm_in_d=false"): "error: loss.batchnorm_in_d is now model.d_batchnorm: use "
+                                                   "model.d_batchnorm=false",
+    ("+loss.batchnorm_in_d=false",): "error: loss.batchnorm_in_d is now model.d_batchnorm: use model.d_batchnorm=false",
     ("model.width=0",): "error: model.width=0: it must be >= 1 (model=dcgan's channels at its widest resolution)",
     # The objective's intervals, once refused only when the run was built, after .hydra/ was written (reg.every), or
     # a ZeroDivisionError after the first step (ADA's).
@@ -75,9 +82,11 @@ CONFIG_ERRORS = {
     ("trainer.devices=0",): "error: trainer.devices=0: it must be >= 1 (devices per node; -1: all of them; or auto, or "
                             "a list of device indices)",
     ("trainer.num_nodes=0",): "error: trainer.num_nodes=0: it must be >= 1 (machines the run spans)",
-    ("optim.d.lr=0",): "error: optim.d.lr=0.0: a learning rate must be > 0 and finite, e.g. optim.d.lr=2e-4",
-    ("optim.g.lr=-1e-4",): "error: optim.g.lr=-0.0001: a learning rate must be > 0 and finite, e.g. optim.g.lr=2e-4",
-    ("optim.g.lr=inf",): "error: optim.g.lr=inf: a learning rate must be > 0 and finite, e.g. optim.g.lr=2e-4",
+    ("optim.d.lr=0",): "error: optim.d.lr=0.0: it must be > 0 and finite (a learning rate, e.g. optim.d.lr=2e-4)",
+    ("optim.g.lr=-1e-4",): "error: optim.g.lr=-0.0001: it must be > 0 and finite (a learning rate, e.g. "
+                           "optim.g.lr=2e-4)",
+    ("optim.g.lr=inf",): "error: optim.g.lr=inf: it must be > 0 and finite (a learning rate, e.g. optim.g.lr=2e-4)",
+    ("optim.g.lr=nan",): "error: optim.g.lr=nan: it must be > 0 and finite (a learning rate, e.g. optim.g.lr=2e-4)",
     ("optim.d.betas=[0.5,1.5]",): "error: optim.d.betas=[0.5, 1.5]: Adam's betas are two numbers in [0, 1), the decay "
                                   "rates of its running gradient mean and square: e.g. optim.d.betas=[0.5,0.999]",
     ("optim.g.betas=[0.9]",): "error: optim.g.betas=[0.9]: Adam's betas are two numbers in [0, 1), the decay rates of "
@@ -105,16 +114,31 @@ CONFIG_ERRORS = {
     ("checkpoint.every=0",): "error: checkpoint.every=0: it must be >= 1 (generator steps between periodic "
                              "checkpoints)",
     ("eval.every=-1",): "error: eval.every=-1: it must be >= 0 (generator steps between evaluations; 0: none)",
-    ("eval.every=3", "eval.num_samples=2"): "error: eval.num_samples=2, eval.num_real=10000: both must be at least 4 "
-                                            "(precision/recall looks at each sample's 3 nearest neighbours)",
-    ("eval.every=3", "eval.batch_size=0"): "error: eval.batch_size=0, eval.classifier_steps=500: both must be >= 1",
+    ("eval.every=3", "eval.num_samples=2"): "error: eval.num_samples=2: it must be >= 4 (generated samples per "
+                                            "evaluation; precision/recall looks at each sample's 3 nearest neighbours)",
+    ("eval.num_real=3",): "error: eval.num_real=3: it must be >= 4 (real images behind the image metrics; "
+                          "precision/recall looks at each sample's 3 nearest neighbours)",
+    ("eval.every=3", "eval.batch_size=0"): "error: eval.batch_size=0: it must be >= 1 (samples per forward pass)",
+    ("eval.classifier_steps=0",): "error: eval.classifier_steps=0: it must be >= 1 (training steps of a feature "
+                                  "classifier)",
+    ("eval.features=vgg",): "error: eval.features=vgg: use classifier | rotation | inception, or null (classifier "
+                            "where the data has labels, else rotation)",
+    ("eval.inception_sha256=abc",): "error: eval.inception_sha256=abc: give the file's 64 hex digits, as sha256sum "
+                                    "prints them, or null for the published file's",
+    ("train.threads=0",): "error: train.threads=0: it must be >= 1 (torch's intra-op threads for this run; null: "
+                          "torch's default)",
+    ("metric=loss",): "error: metric=loss: train.py returns loss/d, loss/g or a metrics/<name> of eval.every",
     ("experiment=ring", "+data.classes=[0,1]"): "error: data.classes and data.limit choose images of labelled image "
                                                 "data; data=ring draws its 2D points from every mode: drop them "
                                                 "(data.num_points sets how many points)",
-    ("ema.decay=1",): "error: ema.decay=1.0: it must be in [0, 1) (0.999 averages over about the last 1,000 "
-                      "generator steps)",
-    ("data.channels=2",): "error: data.image_size=16, data.channels=2: images need a size >= 1 (model=dcgan: >= 4) "
-                          "and 1 (grayscale) or 3 (RGB) channels",
+    ("ema.decay=1",): "error: ema.decay=1.0: it must be in [0, 1) (how slowly the EMA copy follows G: 0.999 averages "
+                      "over about the last 1,000 generator steps)",
+    ("ema.decay=-0.5",): "error: ema.decay=-0.5: it must be in [0, 1) (how slowly the EMA copy follows G: 0.999 "
+                         "averages over about the last 1,000 generator steps)",
+    ("data.channels=2",): "error: data.channels=2: images have 1 (grayscale) or 3 (RGB) channels: use data.channels=1 "
+                          "or data.channels=3",
+    ("data.image_size=0",): "error: data.image_size=0: it must be >= 1 (the images' height and width in pixels; "
+                            "model=dcgan: >= 4)",
     ("ckpt_path=/nonexistent.ckpt",): "error: ckpt_path=/nonexistent.ckpt does not exist: give the path of a .ckpt "
                                       "file, e.g. <run>/checkpoints/last.ckpt",
 }

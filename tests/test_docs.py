@@ -81,6 +81,17 @@ def test_links_to_a_heading_name_one_that_exists(doc):
     assert not broken, f"{doc.relative_to(ROOT)} links to headings that do not exist: {broken}"
 
 
+def test_the_table_of_every_key_is_what_tools_keys_py_generates_now():
+    """docs/usage.md's table of keys, defaults, bounds, resume policies and recipes cannot go stale: regenerate it
+    with `python tools/keys.py --write`."""
+    sys.path.insert(0, str(ROOT))
+    from tools import keys
+
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    block = usage[usage.index(keys.BEGIN) + len(keys.BEGIN):usage.index(keys.END)]
+    assert block.strip() == keys.table(), "docs/usage.md's table of keys is stale: python tools/keys.py --write"
+
+
 def test_every_generated_block_is_stamped_and_the_stale_check_reads_git():
     """Measured numbers live in generated blocks (tools/blocks.py); each says how, where and from what code."""
     sys.path.insert(0, str(ROOT))
@@ -247,8 +258,7 @@ CLAIMS: list[tuple[str, Callable[[Row, re.Match], None]]] = [
     (r"\bDCGAN\b", lambda row, m: row.each("model.name", "dcgan")),
     (r"\bwidth (?P<v>\d+)", lambda row, m: row.each("model.width", num(m["v"]))),
     (r"\b(?P<v>\d+)x(?P=v)\b", lambda row, m: row.each("data.image_size", num(m["v"]))),
-    (r"\bbatch (?P<v>[\d,]+)", lambda row, m: (row.each("data.batch_size", num(m["v"])),
-                                              row.each("train.batch_size", num(m["v"])))),
+    (r"\bbatch (?P<v>[\d,]+)", lambda row, m: row.each("data.batch_size", num(m["v"]))),
     (r"R3GAN's objective", lambda row, m: (row.each("loss.name", "rpgan"), row.each("reg.name", "r1r2"))),
     (r"relativistic pairing", lambda row, m: row.each("loss.name", "rpgan")),
     (r"R1 \+ R2", lambda row, m: row.each("reg.name", "r1r2")),
@@ -280,7 +290,7 @@ CLAIMS: list[tuple[str, Callable[[Row, re.Match], None]]] = [
     (r"\bEMA\b", lambda row, m: row.each("ema.enabled", True)),
     (r"(?P<v>[\d,]+) steps", lambda row, m: row.each("trainer.max_steps", num(m["v"]))),
     (r"bf16 autocast", lambda row, m: row.each("trainer.precision", "bf16-mixed")),
-    (r"`channels_last`", lambda row, m: row.each("train.channels_last", True)),
+    (r"`channels_last`", lambda row, m: row.each("data.channels_last", True)),
     (r"Gaussian noise alone of (?P<v1>\d+) \((?P<r1>\w+)\) and (?P<v2>\d+) \((?P<r2>\w+)\) dimensions",
      lambda row, m: (row.per_recipe(m, "train.z_dim"), unconditional(row, m))),
     (r"noise alone|no class into G or D|no latent code|nothing knows the mode count|unconditional|without its labels",

@@ -324,7 +324,7 @@ def test_feature_spaces_are_for_images_only():
 def test_settings_are_validated():
     with pytest.raises(ConfigError, match="features=vgg"):
         eval_settings("features=vgg")
-    with pytest.raises(ConfigError, match="at least 4"):
+    with pytest.raises(ConfigError, match=r"num_samples=1: it must be >= 4"):
         eval_settings("num_samples=1")
 
 

@@ -143,7 +143,7 @@ def run_tiny(tmp_path, *overrides: str) -> GANModule:
 
 
 def test_channels_last_puts_conv_weights_in_nhwc_and_trains(tmp_path):
-    module = run_tiny(tmp_path, "train.channels_last=true")
+    module = run_tiny(tmp_path, "data.channels_last=true")
     convs = [m.weight for net in (module.G, module.D) for m in net.modules()
              if isinstance(m, torch.nn.modules.conv._ConvNd)]
     assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import signal
@@ -21,7 +22,7 @@ from gan.run.checkpoint import save_checkpoint
 from gan.run.load import load_module
 from gan.training.loop import Probe, train
 from gan.training.outputs import Checkpoints
-from gan.training.resume import UNSET, changes
+from gan.training.resume import changes
 
 # Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on; a constant learning rate,
 # so that a run of 3 steps and one of 6 follow the same rates (the linear decay ends at trainer.max_steps).
@@ -202,10 +203,35 @@ def test_what_a_resume_may_change():
     assert found == {
         "loss.name": ("rpgan", "wgan_gp", "refused"), "loss.d_steps": (1, 5, "refused"),
         "loss.gp_weight": (0.0, 10.0, "refused"),  # an old run's value of a key added since (gan/run/legacy.py)
-        "loss.batchnorm_in_d": (UNSET, False, "refused"), "model.d_batchnorm": (True, False, "refused"),
-        "train.d_steps": (1, 5, "refused"), "optim.g.fused": (True, False, "free"),  # the same math
+        "model.d_batchnorm": (True, False, "refused"), "optim.g.fused": (True, False, "free"),  # the same math
         "optim.d.lr": (1e-3, 5e-4, "applied"), "eval.every": (0, 5, "applied"),
         "data.num_workers": (0, 2, "free"), "trainer.precision": ("32-true", "bf16-mixed", "free")}
+
+
+def renamed_back(composed: dict) -> dict:
+    """``composed`` as runs from before the renames saved it (gan/run/schema.py's was=): the batch size, D steps and
+    layout read from train.* (which may differ from data.batch_size: the old name's value is what trained), and
+    loss=wgan_gp's loss.batchnorm_in_d, which chose model.d_batchnorm."""
+    saved = copy.deepcopy(composed)
+    train, data, loss, model = (saved[name] for name in ("train", "data", "loss", "model"))
+    train.update(batch_size=data["batch_size"], d_steps=loss.pop("d_steps"), channels_last=data.pop("channels_last"))
+    data["batch_size"] = 64
+    if loss["name"] == "wgan_gp":
+        loss["batchnorm_in_d"] = False
+        if model["name"] == "mlp":  # no BatchNorm: the old wgan_gp set nothing in it
+            del model["d_batchnorm"]
+    return saved
+
+
+@pytest.mark.parametrize("overrides", [(), ("loss=wgan_gp",), ("loss=wgan_gp", "model.d_batchnorm=true"),
+                                       ("experiment=ring", "loss=wgan_gp"), ("experiment=mnist",)])
+def test_an_old_run_resumed_with_its_settings_under_the_new_names_changes_nothing(overrides):
+    now = OmegaConf.to_container(compose_config(*TINY, *overrides), resolve=True)
+    saved = renamed_back(now)
+    assert changes(saved, now) == []
+    changed = renamed_back(now)
+    changed["train"]["batch_size"] = 8  # the old name's value is the one the run trained with
+    assert [(c.key, c.before, c.after) for c in changes(changed, now)] == [("data.batch_size", 8, 16)]
 
 
 @pytest.mark.parametrize("change", ["optim.d._target_=torch.optim.AdamW", "optim.decay=constant", "log.num_samples=8",

@@ -120,7 +120,7 @@ def test_train_py_returns_the_metric_named_in_the_config(tmp_path):
 @pytest.mark.parametrize("overrides,expected", [
     (["metric=metrics/fid"], "metric=metrics/fid is measured only during training with eval.every=N"),
     (["metric=d/real"], "metric=d/real: train.py returns loss/d, loss/g or a metrics/<name>"),
-    (["train.threads=0"], "train.threads=0: a number of threads >= 1"),
+    (["train.threads=0"], "train.threads=0: it must be >= 1"),
 ])
 def test_what_a_sweep_reads_is_checked_before_the_run(tmp_path, capsys, overrides, expected):
     assert run_train(tmp_path / "run", *overrides) == 2

@@ -98,7 +98,7 @@ def test_hparams_are_served(dashboard):
     query = urllib.parse.urlencode({"request": "{}"})
     experiment = fetch_json(f"{dashboard}/data/plugin/hparams/experiment?{query}")
     hparams = {h["name"] for h in experiment["hparamInfos"]}
-    assert {"loss/name", "train/batch_size", "model/name"} <= hparams
+    assert {"loss/name", "data/batch_size", "model/name"} <= hparams
     assert {"loss/d", "loss/g"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
 
 

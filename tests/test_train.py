@@ -53,7 +53,7 @@ def test_tensorboard_images_layout_and_hparams(digits_run):
 
     start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
     assert start.session_start_info.hparams["loss/name"].string_value == "rpgan"
-    assert start.session_start_info.hparams["train/batch_size"].number_value == 16
+    assert start.session_start_info.hparams["data/batch_size"].number_value == 16
 
 
 def test_checkpoint_loads_weights_only_with_counters_and_buffers(digits_run):

@@ -13,7 +13,7 @@ from gan.errors import ConfigError
 
 
 class GANData:
-    """Serves ``train.d_steps`` real minibatches per generator step (one for each D update)."""
+    """Serves ``loss.d_steps`` real minibatches per generator step (one for each D update)."""
 
     def __init__(self, data_cfg: dict[str, Any], batch_size: int, d_steps: int, seed: int):
         self.cfg, self.batch_size, self.d_steps, self.seed = data_cfg, batch_size, d_steps, seed

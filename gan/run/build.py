@@ -22,18 +22,18 @@ from gan.run.module import GANModule
 def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Condition) -> GANModule:
     """The GANModule a plain-container config describes, for samples of ``shape`` ((2,) for points, (C, H, W)
     for images) and G's ``condition`` (:func:`gan.core.models.g_condition`). Also how evaluate.py rebuilds a run."""
-    train, z_dim = cfg["train"], cfg["train"]["z_dim"]
+    z_dim = cfg["train"]["z_dim"]
     G, D = build_models(cfg["model"], z_dim, shape, condition.values)  # one-hot labels as wide as their values
-    gp_weight = float(cfg["loss"].get("gp_weight", 0.0))  # wgan_gp's key
+    gp_weight = penalty_weight(cfg["loss"])
     objective = Objective(get_loss(cfg["loss"]["name"]), build_regularizer(cfg["reg"]),
                           build_augment(cfg["augment"], shape), gp_weight, condition, shape, d_classifies(cfg["model"]))
     ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
     images = not is_points(shape)
-    channels_last = bool(train["channels_last"]) and images
+    channels_last = bool(cfg["data"]["channels_last"]) and images
     if channels_last:  # NHWC weights (and batches), which oneDNN's and cuDNN's convolutions prefer
         G.to(memory_format=torch.channels_last)
         D.to(memory_format=torch.channels_last)
-    if train["compile"]:  # in place (Module.compile): the state_dict keys stay; the EMA copy stays eager
+    if cfg["train"]["compile"]:  # in place (Module.compile): the state_dict keys stay; the EMA copy stays eager
         G.compile()
         if not (gp_weight or isinstance(objective.regularizer, R1)):  # compiled graphs have no double backward
             D.compile()
@@ -45,9 +45,16 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Conditi
         G, D, objective, ema=ema,
         optimizers=(instantiate(cfg["optim"]["g"]), instantiate(cfg["optim"]["d"])),
         lr_decay=cfg["optim"]["decay"], max_steps=cfg["trainer"]["max_steps"],
-        z_dim=z_dim, d_steps=train["d_steps"], batch_size=train["batch_size"], log_every=cfg["log"]["every"],
+        z_dim=z_dim, d_steps=cfg["loss"]["d_steps"], batch_size=cfg["data"]["batch_size"],
+        log_every=cfg["log"]["every"],
         sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
         sample_labels=condition.cycle(n), data_shape=shape, condition=condition,
         channels_last=channels_last,
         audit=bool(cfg["audit"]),
         hparams={"cfg": cfg, "data_shape": list(shape), "condition": condition.as_dict()})
+
+
+def penalty_weight(loss: dict[str, Any]) -> float:
+    """The weight of D's gradient penalty: ``loss.gp_weight``, which loss=wgan_gp alone has (its default:
+    configs/loss/wgan_gp.yaml); the other losses have none, 0."""
+    return float(loss.get("gp_weight", 0.0))

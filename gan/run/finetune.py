@@ -84,8 +84,8 @@ def start_from(module: GANModule, cfg: dict[str, Any], resumed: dict[str, Any] |
         module.hparams["init_from"] = record
         lines.append(f"init_from: G, D and the EMA generator of {record['checkpoint']} (its generator step "
                      f"{record['step']}); optimizers, schedules, counters and random streams start fresh")
-    finetune = cfg.get("finetune") or {}
-    if finetune.get("freeze_d", 0) or finetune.get("freeze_g", 0):
+    finetune = cfg["finetune"]  # its defaults: configs/train.yaml
+    if finetune["freeze_d"] or finetune["freeze_g"]:
         lines.append(f"finetune: {freeze_networks(module, finetune)}")
     return lines
 
@@ -96,7 +96,7 @@ def freeze_networks(module: GANModule, finetune: dict[str, Any]) -> str:
     lines = []
     for name, network in (("G", module.G), ("D", module.D)):
         key = f"freeze_{name.lower()}"
-        frozen = set(freeze(network, finetune.get(key, 0), f"finetune.{key}"))
+        frozen = set(freeze(network, finetune[key], f"finetune.{key}"))
         every = blocks(network)
         names = [block for block, params in every.items() if params[0] in frozen]
         # the parameter counts are the model summary's (describe_networks)

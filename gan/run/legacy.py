@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gan.core.models import g_condition
-from gan.run.schema import DECLARED
+from gan.run.schema import DECLARED, RENAMED
 
 # Config keys added after the first runs, with the value those runs trained with (declared with each key).
 CONFIG_DEFAULTS: dict[str, Any] = {name: declared["before"] for name, declared in DECLARED.items()
@@ -21,7 +21,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {name: declared["before"] for name, declared i
 # objective (gan/core/objective.py).
 RENAMED_PREFIXES = {"d_real_mean.": "objective.d_real_mean.", "d_fake_mean.": "objective.d_fake_mean.",
                     "augment.": "objective.augment.",
-                    # "d_steps" also named the D updates per generator step (train.d_steps): now "updates" here
+                    # "d_steps" also named the D updates per generator step (loss.d_steps): now "updates" here
                     "counters.g_steps": "counters.g_updates", "counters.d_steps": "counters.d_updates"}
 # State no longer kept: the EMA's update count is the generator step count (gan/core/state.py).
 DROPPED = ("ema.num_updates",)
@@ -61,12 +61,30 @@ def upgrade_subset(condition: dict[str, Any] | None, classes: list[int] | None, 
 
 
 def upgrade_config(cfg: dict[str, Any]) -> None:
-    """A saved config (a plain dict) with the keys added since, at the values older runs trained with, in
-    place. Also applied to a composed config before it is compared with a checkpoint's
-    (gan/training/resume.py): a key one side lacks and the other holds at its old value is no change."""
+    """A saved config (a plain dict) with its keys' old names renamed (gan/run/schema.py's ``was``) and the keys
+    added since at the values older runs trained with, in place. Also applied to a composed config before it is
+    compared with a checkpoint's (gan/training/resume.py): a key one side lacks and the other holds at its old
+    value is no change."""
+    for old, new in RENAMED.items():
+        *sections, key = old.split(".")
+        node = section_of(cfg, sections)
+        if key not in node:
+            continue
+        value = node.pop(key)
+        *sections, key = new.split(".")
+        node = section_of(cfg, sections)
+        # the old name's value is what the run read (train.batch_size could be set apart from data.batch_size),
+        # but where it only chose the new key's value, which the run read (loss.batchnorm_in_d), the new key's
+        if not DECLARED[new].get("was_choice") or key not in node:
+            node[key] = value
     for dotted, value in CONFIG_DEFAULTS.items():
         *sections, key = dotted.split(".")
-        node = cfg
-        for section in sections:
-            node = node.setdefault(section, {})
-        node.setdefault(key, value)
+        section_of(cfg, sections).setdefault(key, value)
+
+
+def section_of(cfg: dict[str, Any], sections: list[str]) -> dict[str, Any]:
+    """The section of ``cfg`` at the path ``sections``, made where it is missing."""
+    node = cfg
+    for section in sections:
+        node = node.setdefault(section, {})
+    return node

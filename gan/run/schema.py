@@ -1,8 +1,9 @@
-"""Every config key of configs/train.yaml, declared once: its type, and where they apply its lower bound, whether a
-resume may change it, and the value runs from before the key existed trained with. The YAML files hold every
-default (an option's keys differ from option to option); what else a key is, is declared here, and read by
-the checks (gan/training/checks.py), the resume policy (gan/training/resume.py) and old runs' configs
-(gan/run/legacy.py). Also the schema of configs/evaluate.yaml.
+"""Every config key of configs/train.yaml, declared once: its type, and where they apply its bounds or the values
+it takes, whether a resume may change it, the value runs from before the key existed trained with, and the names
+it had before. The YAML files hold every default (an option's keys differ from option to option); what else a key
+is, is declared here, and read by :func:`conform` (types, bounds, values, old names), the resume policy
+(gan/training/resume.py), old runs' configs (gan/run/legacy.py), the command line's errors (gan/cli.py) and
+docs/usage.md's table of keys (tools/keys.py). Also the schema of configs/evaluate.yaml.
 
 :func:`conform` merges a composed config into its schema with OmegaConf, which refuses a key the
 schema does not list and a value it cannot convert to the key's type (``trainer.max_steps=abc``), and
@@ -24,12 +25,18 @@ the composed config), ``free`` (how the run executes or reads its data: takes ef
 (``augment.p``, ``model.d_fourier_scale``, ``data.classes``: the grids' rows) is set on the restored state when
 allowed (gan/training/resume.py).
 
-A key may also declare the ``values`` it takes (``trainer.precision``): :func:`conform` refuses any other, with
-its ``meaning``.
+A key may also declare the ``values`` it takes (``trainer.precision``) or a ``pattern`` its value matches:
+:func:`conform` refuses any other, with its ``meaning``; and bounds (``least``, ``above``, ``most``, ``below``):
+:func:`conform` refuses a number outside them, in a line generated from them and the key's ``meaning``.
+
+A key renamed declares its old names (``was``): a run's saved config holds them, and gan/run/legacy.py moves their
+values to the new name; on the command line they are refused in one line naming the new one (:func:`moved`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, get_type_hints
@@ -38,29 +45,34 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from gan.errors import ConfigError, unknown_key
-from gan.run.settings import EvalSettings
+from gan.run.module import LR_DECAYS
+from gan.run.settings import FEATURES, EvalSettings
 
 RESUME_POLICIES = ("applied", "refused", "fixed", "free", "ignored")
 
 
-def key(*, least: int | None = None, meaning: str = "", also: tuple[Any, ...] = (), values: tuple[str, ...] = (),
-        resume: str | None = None, fixed_if: str = "", why: str = "", before: Any = NO_DEFAULT) -> Any:
-    """A config key's declaration: ``least`` its lower bound (``meaning``: what the key is, for the error;
-    ``also``: values below it that mean something), or the only ``values`` it takes (``meaning``: the error's
-    reason and advice), ``resume`` what a resume may do with it (``why``: for ``fixed``, why not even
-    resume.allow_changes=true may change it; ``fixed_if``: a key of the composed config, where it is true this key is
-    ``fixed`` for that reason), ``before`` the value runs from before the key existed trained with."""
+BOUNDS = ("least", "above", "most", "below")
+
+
+def key(*, least: float | None = None, above: float | None = None, most: float | None = None,
+        below: float | None = None, also: tuple[Any, ...] = (), values: tuple[Any, ...] = (), pattern: str = "",
+        meaning: str = "", resume: str | None = None, fixed_if: str = "", why: str = "", before: Any = NO_DEFAULT,
+        was: tuple[str, ...] = (), was_choice: bool = False) -> Any:
+    """A config key's declaration. Its bounds: ``least`` <= value (or ``above`` <), value <= ``most`` (or < ``below``;
+    ``below=math.inf``: finite), ``also`` values outside them that mean something; or the only ``values`` it takes, or
+    a ``pattern`` its value matches. ``meaning``: what the key is, for a bound's error, or the error's reason and
+    advice for ``values`` and ``pattern`` (``{key}`` in it: the key's dotted name). ``resume``: what a resume may do
+    with it (``why``: for ``fixed``, why not even resume.allow_changes=true may change it; ``fixed_if``: a key of the
+    composed config, where it is true this key is ``fixed`` for that reason). ``before``: the value runs from before
+    the key existed trained with. ``was``: its old names; ``was_choice``: the old name only chose this key's value
+    (where a run's config has both, this key's is what it trained with; otherwise the old name's is)."""
     assert resume is None or resume in RESUME_POLICIES, resume
     assert (resume == "fixed" or bool(fixed_if)) == bool(why), why
-    declared: dict[str, Any] = {"least": least, "meaning": meaning, "also": also} if least is not None else {}
-    if values:
-        declared.update(values=values, meaning=meaning)
-    if resume is not None:
-        declared["resume"] = resume
-    if fixed_if:
-        declared["fixed_if"] = fixed_if
-    if why:
-        declared["why"] = why
+    given = {"least": least, "above": above, "most": most, "below": below, "also": also, "values": values,
+             "pattern": pattern, "meaning": meaning, "resume": resume, "fixed_if": fixed_if, "why": why, "was": was,
+             "was_choice": was_choice}
+    declared = {name: value for name, value in given.items()
+                if value is not None and value is not False and value != "" and value != ()}  # 0 is a bound
     if before is not NO_DEFAULT:
         declared["before"] = before
     return field(default=MISSING, metadata=declared)
@@ -74,13 +86,15 @@ def section(schema: type, *, resume: str | None = None) -> Any:
 @dataclass
 class Data:
     name: str = MISSING
-    batch_size: int = MISSING
+    batch_size: int = key(least=1, meaning="real images per D update", was=("train.batch_size",))
     num_workers: int = key(resume="free")  # how the data is read, not what it is
     num_points: int = MISSING  # ring, grid
     std: float = MISSING
-    image_size: int = MISSING  # images
-    channels: int = MISSING
-    channels_last: bool = key(resume="free")
+    image_size: int = key(least=1, meaning="the images' height and width in pixels; model=dcgan: >= 4")  # images
+    channels: int = key(values=(1, 3), meaning="images have 1 (grayscale) or 3 (RGB) channels: use data.channels=1 "
+                        "or data.channels=3")
+    channels_last: bool = key(meaning="NHWC layout for G, D and the real batches of images (docs/benchmarks.md)",
+                              resume="free", was=("train.channels_last",), before=False)
     root: str = key(resume="free")  # mnist, fashion_mnist, stacked_mnist, cifar10
     download: bool = key(resume="free")
     split: str = MISSING
@@ -99,7 +113,8 @@ class Model:
     d_condition: str = key(before="input")
     codes: int = key(before=0)
     width: int = key(least=1, meaning="model=dcgan's channels at its widest resolution")  # dcgan
-    d_batchnorm: bool = MISSING
+    d_batchnorm: bool = key(meaning="BatchNorm in D's inner layers (model=dcgan); loss=wgan_gp sets it false",
+                            was=("loss.batchnorm_in_d",), was_choice=True)
     hidden: int = key(least=1, meaning="model=mlp's units per hidden layer")  # mlp
     layers: int = key(least=0, meaning="model=mlp's hidden layers")
     d_fourier: int = key(least=0, meaning="model=mlp's Fourier features of D's input (0: none)", before=0)
@@ -109,9 +124,8 @@ class Model:
 @dataclass
 class Loss:
     name: str = MISSING
-    d_steps: int = MISSING
+    d_steps: int = key(least=1, meaning="D updates per generator step", was=("train.d_steps",))
     gp_weight: float = key(before=0.0)  # wgan_gp
-    batchnorm_in_d: bool = MISSING
 
 
 @dataclass
@@ -142,7 +156,7 @@ class Optimizer:
     _target_: str = key(resume="fixed", why="the checkpoint holds the state of the optimizer it trained with, which a "
                                             "resume restores")
     _partial_: bool = MISSING
-    lr: float = key(resume="applied")
+    lr: float = key(above=0, below=math.inf, meaning="a learning rate, e.g. {key}=2e-4", resume="applied")
     betas: list[float] = key(resume="applied")
     fused: bool = key(resume="free")  # the same math (older runs stepped Adam unfused)
 
@@ -151,8 +165,10 @@ class Optimizer:
 class Optim:
     g: Optimizer = section(Optimizer)
     d: Optimizer = section(Optimizer)
-    decay: str = key(resume="fixed", why="the checkpoint holds the learning-rate schedules it trained with (none for "
-                     "constant), which a resume restores", before="constant")  # constant or linear
+    decay: str = key(values=LR_DECAYS, meaning="use optim.decay=constant (the same learning rates throughout) or "
+                     "optim.decay=linear (each falls linearly to 0 at the last generator step)", resume="fixed",
+                     why="the checkpoint holds the learning-rate schedules it trained with (none for constant), which "
+                     "a resume restores", before="constant")
 
 
 # trainer.precision: Lightning's precisions in which the loop trains (float32 weights), and their aliases.
@@ -178,19 +194,17 @@ class Trainer:
 
 @dataclass
 class Train:
-    batch_size: int = key(least=1, meaning="real images per D update, set by data.batch_size", resume="refused")
     z_dim: int = key(least=1, meaning="the size of G's noise vector", resume="refused")
-    d_steps: int = key(least=1, meaning="D updates per generator step, set by loss.d_steps", resume="refused")
-    channels_last: bool = key(before=False)
     compile: bool = key(before=False)
     skip_nonfinite: bool = key(resume="applied", before=False)
-    threads: int | None = MISSING
+    threads: int | None = key(least=1, meaning="torch's intra-op threads for this run; null: torch's default")
 
 
 @dataclass
 class EMA:
     enabled: bool = MISSING
-    decay: float = MISSING
+    decay: float = key(least=0, below=1, meaning="how slowly the EMA copy follows G: 0.999 averages over about "
+                       "the last 1,000 generator steps")
     start: int = key(least=0, meaning="generator steps during which the EMA copy follows G")
 
 
@@ -223,14 +237,30 @@ class Checkpoint:
     keep: int = key(least=0, meaning="periodic checkpoints kept besides last.ckpt; 0 keeps them all")
 
 
+# What the metrics measure (gan.run.settings.EvalSettings' fields): train.yaml's eval.*, evaluate.yaml's top level.
+NEAREST = "; precision/recall looks at each sample's 3 nearest neighbours"
+MEASURED = {
+    "num_samples": key(least=4, meaning="generated samples per evaluation" + NEAREST),
+    "num_real": key(least=4, meaning="real images behind the image metrics" + NEAREST),
+    "features": key(values=FEATURES, meaning=f"use {' | '.join(FEATURES)}, or null (classifier where the data has "
+                    "labels, else rotation)"),
+    "inception_sha256": key(pattern="[0-9a-fA-F]{64}", meaning="give the file's 64 hex digits, as sha256sum prints "
+                            "them, or null for the published file's"),
+    "classifier_steps": key(least=1, meaning="training steps of a feature classifier"),
+    "batch_size": key(least=1, meaning="samples per forward pass"),
+}
+
+
 def measuring(name: str, *extra: tuple[Any, ...]) -> type:
     """A schema with the fields of gan.run.settings.EvalSettings, which types what the metrics measure once
-    (train.yaml's ``eval`` section, evaluate.yaml's top level), and the ``extra`` ones (which may retype
-    one of them): each (name, type), or (name, type, its :func:`key` declaration)."""
+    (train.yaml's ``eval`` section, evaluate.yaml's top level), declared in :data:`MEASURED`, and the ``extra`` ones
+    (which may retype one of them, keeping its declaration): each (name, type), or (name, type, its :func:`key`
+    declaration)."""
     hints = get_type_hints(EvalSettings)
-    keys = {f.name: (f.name, hints[f.name]) for f in fields(EvalSettings)} | {spec[0]: spec for spec in extra}
-    return make_dataclass(name, [(key, spec[1], spec[2] if len(spec) > 2 else field(default=MISSING))
-                                 for key, spec in keys.items()])
+    keys = {f.name: (f.name, hints[f.name], MEASURED.get(f.name)) for f in fields(EvalSettings)}
+    keys |= {spec[0]: (*spec[:2], spec[2] if len(spec) > 2 else keys.get(spec[0], (None,) * 3)[2]) for spec in extra}
+    return make_dataclass(name, [(key, annotation, declared or field(default=MISSING))
+                                 for key, annotation, declared in keys.values()])
 
 
 # num_samples may be null: the data's protocol count (gan.run.settings).
@@ -271,7 +301,8 @@ class TrainConfig:
     finetune: Finetune = section(Finetune)
     audit: bool = key(resume="applied", before=False)
     resume: Resume = section(Resume, resume="ignored")
-    metric: str | None = MISSING
+    metric: str | None = key(pattern="loss/d|loss/g|metrics/.+", meaning="train.py returns loss/d, loss/g or a "
+                             "metrics/<name> of eval.every")
     data: Data = section(Data, resume="refused")
     model: Model = section(Model, resume="refused")
     loss: Loss = section(Loss, resume="refused")
@@ -331,19 +362,69 @@ def conform(cfg: DictConfig, schema: type) -> DictConfig:
     try:
         typed = OmegaConf.merge(structure, cfg)
     except ConfigKeyError as e:  # a key the schema does not have: a typo in a YAML file, or a +key override
-        section = str(e.full_key).rpartition(".")[0]
-        raise ConfigError(unknown_key(str(e.full_key), OmegaConf.select(structure, section) if section else structure)
+        full_key = str(e.full_key)
+        if full_key in RENAMED:
+            raise ConfigError(moved(full_key, OmegaConf.select(cfg, full_key))) from None
+        section = full_key.rpartition(".")[0]
+        raise ConfigError(unknown_key(full_key, OmegaConf.select(structure, section) if section else structure)
                           + ", and a new key needs its type in gan/run/schema.py") from None
     except ValidationError as e:  # a value of the wrong type
         raise ConfigError(f"{e.full_key}={e.value}: {e.msg.splitlines()[0]}") from None
     # Only the keys cfg has: the schema of an option group also lists the keys of the other options.
     conformed = OmegaConf.create(chosen(OmegaConf.to_container(typed), OmegaConf.to_container(cfg)))
-    for name, declared in declarations(schema).items():  # keys that take only some values
-        value = (OmegaConf.select(conformed, name, default=None, throw_on_resolution_failure=False)
-                 if "values" in declared else None)
-        if value is not None and value not in declared["values"]:
-            raise ConfigError(f"{name}={value}: {declared['meaning']}")
+    for name, declared in declarations(schema).items():
+        value = OmegaConf.select(conformed, name, default=None, throw_on_resolution_failure=False)
+        if value is not None and value not in declared.get("also", ()) and not allowed(value, declared):
+            raise ConfigError(refusal(name, value, declared))
     return conformed
+
+
+def allowed(value: Any, declared: dict[str, Any]) -> bool:
+    """Does ``value`` lie within what its key declares (its bounds apply to numbers only: trainer.devices=auto)?"""
+    if "values" in declared:
+        return value in declared["values"]
+    if "pattern" in declared:
+        return re.fullmatch(declared["pattern"], str(value)) is not None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return True
+    lower = value >= declared["least"] if "least" in declared else value > declared.get("above", -math.inf)
+    upper = value <= declared["most"] if "most" in declared else value < declared.get("below", math.inf)
+    return lower and upper  # False for NaN
+
+
+def refusal(name: str, value: Any, declared: dict[str, Any]) -> str:
+    """The error line for ``name=value`` outside its declaration: the values' or pattern's advice, or the bounds
+    and what the key is."""
+    meaning = declared.get("meaning", "").replace("{key}", name)
+    if "values" in declared or "pattern" in declared:
+        return f"{name}={value}: {meaning}"
+    return f"{name}={value}: it must be {bounds(declared)} ({meaning})"
+
+
+def bounds(declared: dict[str, Any]) -> str:
+    """A key's bounds as the error line and docs/usage.md say them: ``>= 1``, ``in [0, 1)``, ``> 0 and finite``."""
+    lower = next((bound for bound in ("least", "above") if bound in declared), None)
+    upper = next((bound for bound in ("most", "below") if bound in declared), None)
+    if lower and upper == "below" and declared["below"] == math.inf:
+        return f"{SIGNS[lower]} {declared[lower]} and finite"
+    if lower and upper:  # an interval: [ and ] include the end, ( and ) do not
+        opening, closing = "[" if lower == "least" else "(", "]" if upper == "most" else ")"
+        return f"in {opening}{declared[lower]}, {declared[upper]}{closing}"
+    end = lower or upper
+    return f"{SIGNS[end]} {declared[end]}" if end else ""
+
+
+SIGNS = {"least": ">=", "above": ">", "most": "<=", "below": "<"}
+
+
+# Every old name of a key (its declaration's ``was``), and the key it is now.
+RENAMED = {old: name for name, declared in DECLARED.items() for old in declared.get("was", ())}
+
+
+def moved(old: str, value: Any) -> str:
+    """The error for the old name ``old`` given ``value`` (a string as the override spelled it, or the value)."""
+    shown = str(value).lower() if isinstance(value, bool) else value
+    return f"{old} is now {RENAMED[old]}: use {RENAMED[old]}={shown}"
 
 
 def chosen(typed: Any, given: Any) -> Any:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 from typing import Any
-
-from gan.errors import ConfigError
 
 FEATURES = ("classifier", "rotation", "inception")
 # Generated samples per evaluation where num_samples is null (configs/eval/default.yaml): the count of the data's
@@ -32,23 +29,11 @@ class EvalSettings:
     batch_size: int  # samples per forward pass
 
     @classmethod
-    def from_config(cls, cfg: Any, data: str | None = None, prefix: str = "") -> EvalSettings:
-        """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), validated;
-        ``num_samples=null`` becomes the protocol count of the data named ``data`` (:data:`PROTOCOL_SAMPLES`).
-        ``prefix``: where the keys sit on the command line, for the errors (train.py's ``eval.``)."""
+    def from_config(cls, cfg: Any, data: str | None = None) -> EvalSettings:
+        """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), which
+        gan/run/schema.py's ``conform`` has checked (its ``MEASURED`` declares their bounds); ``num_samples=null``
+        becomes the protocol count of the data named ``data`` (:data:`PROTOCOL_SAMPLES`)."""
         values = {f.name: cfg[f.name] for f in fields(cls)}
         if values["num_samples"] is None:
             values["num_samples"] = PROTOCOL_SAMPLES.get(data, DEFAULT_SAMPLES)
-        settings = cls(**values)
-        if settings.num_samples < 4 or settings.num_real < 4:
-            raise ConfigError(f"{prefix}num_samples={settings.num_samples}, {prefix}num_real={settings.num_real}: "
-                              "both must be at least 4 (precision/recall looks at each sample's 3 nearest neighbours)")
-        if settings.batch_size < 1 or settings.classifier_steps < 1:
-            raise ConfigError(f"{prefix}batch_size={settings.batch_size}, "
-                              f"{prefix}classifier_steps={settings.classifier_steps}: both must be >= 1")
-        if settings.features not in (None, *FEATURES):
-            raise ConfigError(f"{prefix}features={settings.features}: use {' | '.join(FEATURES)}")
-        if settings.inception_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", settings.inception_sha256):
-            raise ConfigError(f"{prefix}inception_sha256={settings.inception_sha256}: give the file's 64 hex "
-                              "digits, as sha256sum prints them, or null for the published file's")
-        return settings
+        return cls(**values)

@@ -10,8 +10,13 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep
-from hydra.errors import HydraException
+from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import DictConfig, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from gan.cli import hydra_message
+from gan.errors import ConfigError
+from gan.run.schema import RENAMED
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -23,11 +28,21 @@ def compose(*overrides: str, config: str = "train", run_dir: str | Path | None =
     if config == "train":
         overrides = tuple(recipe_follows_data(overrides))
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = hydra_compose(config_name=config, overrides=list(overrides))
+        try:
+            cfg = hydra_compose(config_name=config, overrides=list(overrides))
+        except ConfigCompositionException as e:  # a key's old name: the line train.py prints, as gan.train's error
+            if renamed_override(e):
+                raise ConfigError(hydra_message(e)) from None
+            raise
     if config == "train":
         with open_dict(cfg):
             cfg.paths.run_dir = str(run_dir or "unused")
     return cfg
+
+
+def renamed_override(e: ConfigCompositionException) -> bool:
+    """Did Hydra refuse an override of a key's old name (gan/run/schema.py's ``was``)?"""
+    return isinstance(e.__cause__, OmegaConfBaseException) and str(getattr(e.__cause__, "full_key", "")) in RENAMED
 
 
 def recipe_follows_data(overrides: Iterable[str]) -> list[str]:

@@ -1,31 +1,8 @@
 """What a resume (``ckpt_path=...``) may change: the config saved in the checkpoint
 (``hyper_parameters["cfg"]``) against the one composed now, key by key, each change as gan/run/schema.py
-declares its key (:func:`gan.run.schema.resume_policy`).
-
-* **Applied**: the learning rates and betas of ``optim.g`` and ``optim.d`` are set on the optimizers and
-  their schedules after they are restored from the checkpoint (which would otherwise bring back
-  the old ones); ``trainer.max_steps``, ``log.*`` (but the grids' sizes), ``checkpoint.*``, ``eval.*``,
-  ``train.skip_nonfinite``, ``audit`` and ``timing.*`` are read from the config as it is now. One log line each.
-* **Refused**: what defines the networks, the objective or the data -- ``model.*``, ``loss.*``,
-  ``reg.*``, ``augment.*``, ``data.*`` (but how it is read), ``train.batch_size``,
-  ``train.z_dim``, ``train.d_steps``, ``ema.*``, the optimizers' other options:
-  a run so resumed would no longer be the run its checkpoint continues.
-  One ConfigError line lists them and the overrides that resume as trained;
-  ``resume.allow_changes=true`` goes on with them, one warning line each. Those whose value the checkpoint's
-  state holds are set on it once restored (:func:`restore`): DiffAugment's ``augment.p``, the scale of D's Fourier
-  features (``model.d_fourier_scale``), and the classes of the grids' rows (``data.classes``).
-* **Fixed**: what the checkpoint's state holds and the resume restores, so that no change could take effect --
-  which parameters the optimizers hold (``finetune.*``), their class (``optim.*._target_``) and schedules
-  (``optim.decay``), the weights' source (``init_from``), the grids' fixed noise (``log.num_samples``,
-  ``num_points``, ``samples_per_class``), the random streams (``seed``), where ADA's p started (``augment.p`` under
-  ``augment.adaptive=true``): refused in one line even with ``resume.allow_changes=true``, saying why (its
-  declaration's ``why``) and how to resume as trained, or start a new run from the checkpoint's weights
-  (``init_from=<the checkpoint>``) with the change.
-* Everything else -- how the run is executed (``trainer.*`` devices, precision, strategy, progress bar,
-  profiler; ``train.channels_last``, ``train.compile``, ``train.threads``, ``optim.*.fused``, set on the restored
-  optimizers) and how the data is read (``data.num_workers``, ``preload``, ``root``, ``download``,
-  ``channels_last``) -- takes effect as given, one log line each. ``ckpt_path``, ``paths.*`` and ``resume.*`` are
-  ignored.
+declares its key (:func:`gan.run.schema.resume_policy`; that module's docstring says what each policy means).
+Here: the changes found (:func:`changes`), refused in one line (:func:`check_changes`) or logged
+(:func:`log_changes`), and set on the restored optimizers (:func:`apply_on_resume`) and state (:func:`restore`).
 """
 
 from __future__ import annotations
@@ -128,7 +105,7 @@ def same(a: Any, b: Any) -> bool:
 
 
 def interpolated(cfg: DictConfig) -> set[str]:
-    """The dotted keys of ``cfg`` whose value is an interpolation (``train.d_steps: ${loss.d_steps}``)."""
+    """The dotted keys of ``cfg`` whose value is an interpolation (``eval.every: ${trainer.max_steps}``)."""
     return {key for key, value in flatten(OmegaConf.to_container(cfg, resolve=False)).items()
             if isinstance(value, str) and "${" in value}
 
