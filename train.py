@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from gan.cli import entry_point
-from gan.training.compose import recipe_follows_data
+from gan.config.compose import recipe_follows_data
 from gan.training.loop import train_task
 
 # Hydra composes configs/train.yaml with the command line's overrides and calls train_task(cfg), which trains and

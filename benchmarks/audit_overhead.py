@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gan.training.compose import compose  # noqa: E402
+from gan.config.compose import compose  # noqa: E402
 from gan.training.loop import Probe, train  # noqa: E402
 from tools.blocks import recipe_inputs, write_block  # noqa: E402
 

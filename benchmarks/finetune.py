@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from images import evaluate, load, references  # noqa: E402
 
+from gan.config.compose import compose  # noqa: E402
 from gan.core.models import UNCONDITIONAL  # noqa: E402
 from gan.data.datasets import build_dataset, data_shape  # noqa: E402
 from gan.run.build import build_module  # noqa: E402
 from gan.run.finetune import freeze_networks  # noqa: E402
-from gan.training.compose import compose  # noqa: E402
 from tools.blocks import recipe_inputs, write_block  # noqa: E402
 
 INPUTS = ["gan", *recipe_inputs("mnist"), "benchmarks/finetune.py", "benchmarks/images.py"]  # a change: stale block

@@ -45,14 +45,14 @@ import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gan.config.compose import compose
+from gan.config.eval_settings import EvalSettings
 from gan.data.datasets import build_dataset, data_shape, population
 from gan.errors import ConfigError
 from gan.evaluation.app import evaluate_run, load_module, with_run_classifier_steps
 from gan.evaluation.metrics import ImageMetrics, build_metrics, real_images
 from gan.evaluation.sampling import sample_and_score
 from gan.run.build import build_module
-from gan.run.settings import EvalSettings
-from gan.training.compose import compose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools.blocks import recipe_inputs, write_block  # noqa: E402

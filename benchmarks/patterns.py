@@ -2,7 +2,7 @@
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/patterns.py [--device cpu|cuda] [--write docs/patterns.md]
 
-Runs every claim (gan/patterns/cli.py) and prints the table; with ``--write PATH`` it also puts the table
+Runs every claim (gan/patterns/claims.py) and prints the table; with ``--write PATH`` it also puts the table
 between PATH's ``patterns`` markers, stamped with this command, the commit, the machine and the inputs
 whose change makes it stale (tools/blocks.py; ``python tools/blocks.py`` lists stale blocks). The writing
 lives here, not in gan/patterns: tools/ is a repository helper, not part of the installed package.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))  # tools/ is not installed; and the table must mea
 
 from gan.core.devices import resolve_device  # noqa: E402
 from gan.errors import ConfigError  # noqa: E402
-from gan.patterns.cli import markdown_table, run  # noqa: E402
+from gan.patterns.claims import markdown_table, run  # noqa: E402
 from tools.blocks import write_block  # noqa: E402
 
 INPUTS = ["gan/core", "gan/patterns"]  # the step and the claims: a change to either may change a row

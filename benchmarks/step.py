@@ -55,17 +55,17 @@ from PIL import Image
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gan.config.compose import compose
 from gan.core.augment import build_augment
 from gan.core.contexts import evaluating
 from gan.core.losses import get_loss
 from gan.core.models import build_models, condition_input, d_classifies, latent_codes
 from gan.core.phases import NAMES, PhaseTimer, StepPhases
 from gan.data.datasets import build_dataset, num_classes
-from gan.data.module import GANData
+from gan.data.loader import GANData
 from gan.patterns import gan_step, measure
 from gan.run.build import penalty_weight
 from gan.training import loop
-from gan.training.compose import compose
 from gan.training.host import NVML_CHECK, no_gpu_probe_per_step
 from gan.training.loop import Probe, train
 

@@ -1,7 +1,7 @@
 """The Python API, for notebooks and scripts: ``from gan import train, evaluate``.
 
 Each composes configs/ with the overrides train.py and evaluate.py take on their command lines, spelled
-the same way (gan/training/compose.py; ``data=X`` trains X's recipe here too), runs the same code and
+the same way (gan/config/compose.py; ``data=X`` trains X's recipe here too), runs the same code and
 writes the same run directory. Bad input raises :class:`gan.errors.ConfigError` instead of ending the
 process, so a notebook keeps its state.
 """
@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf, open_dict
 from torch import nn
 
-from gan.training.compose import compose
+from gan.config.compose import compose
 
 
 @dataclass(frozen=True)

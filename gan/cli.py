@@ -14,8 +14,8 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from gan.config.schema import RENAMED, moved
 from gan.errors import ConfigError, Interrupted, RunError, StoppedAtOnce, unknown_key
-from gan.run.schema import RENAMED, moved
 
 
 def hydra_message(e: Exception) -> str:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import pytest
 from omegaconf import DictConfig
 
-from gan.training.compose import compose
+from gan.config.compose import compose
 from gan.training.loop import Probe
 
 if TYPE_CHECKING:
-    from gan.run.settings import EvalSettings
+    from gan.config.eval_settings import EvalSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -38,9 +38,9 @@ def compose_config(*overrides: str, run_dir: Path | None = None) -> DictConfig:
 def eval_settings(*overrides: str) -> EvalSettings:
     """gan.metrics.EvalSettings as `python evaluate.py <overrides>` composes and checks them (e.g. "num_samples=50")
     for a run of the default recipe (whose eval.classifier_steps evaluate.py's null default takes)."""
+    from gan.config.eval_settings import EvalSettings
+    from gan.config.schema import EvaluateConfig, conform
     from gan.evaluation.app import with_run_classifier_steps
-    from gan.run.schema import EvaluateConfig, conform
-    from gan.run.settings import EvalSettings
 
     cfg = conform(compose(*overrides, config="evaluate"), EvaluateConfig)
     run_cfg = {"eval": {"classifier_steps": compose_config().eval.classifier_steps}}

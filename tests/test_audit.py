@@ -19,7 +19,7 @@ from gan.core.models import UNCONDITIONAL
 from gan.core.objective import Objective
 from gan.run.build import build_module
 from gan.run.module import GANModule
-from gan.training.audit import expected_to_change, first_changed_grad, grad_versions
+from gan.training.autograd_audit import expected_to_change, first_changed_grad, grad_versions
 from gan.training.loop import train
 
 

@@ -46,7 +46,7 @@ CONFIG_ERRORS = {
                   "https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
     ("+trainer.max_step=3",): "error: trainer.max_step is not a config key (did you mean trainer.max_steps?): check "
                               "its spelling; --cfg job prints every key, and a new key needs its type in "
-                              "gan/run/schema.py",
+                              "gan/config/schema.py",
     ("trainer.max_steps=abc",): "error: trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted to "
                                 "Integer",
     ("ema.enabled=maybe",): "error: ema.enabled=maybe: Value 'maybe' is not a valid bool (type str)",
@@ -54,7 +54,7 @@ CONFIG_ERRORS = {
     ("trainer.max_steps=0",): "error: trainer.max_steps=0: it must be >= 1 (the number of generator steps)",
     ("data.batch_size=0",): "error: data.batch_size=0: it must be >= 1 (real images per D update)",
     ("loss.d_steps=0",): "error: loss.d_steps=0: it must be >= 1 (D updates per generator step)",
-    # Old names of keys (gan/run/schema.py's was=): refused by Hydra, or by the schema where + added them.
+    # Old names of keys (gan/config/schema.py's was=): refused by Hydra, or by the schema where + added them.
     ("train.batch_size=32",): "error: train.batch_size is now data.batch_size: use data.batch_size=32",
     ("+train.batch_size=32",): "error: train.batch_size is now data.batch_size: use data.batch_size=32",
     ("train.d_steps=2",): "error: train.d_steps is now loss.d_steps: use loss.d_steps=2",

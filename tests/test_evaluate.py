@@ -17,11 +17,11 @@ from conftest import CONFIGS, ROOT, compose_config, eval_settings, read_events, 
 from omegaconf import OmegaConf
 from PIL import Image
 
+from gan.config.compose import compose
+from gan.config.eval_settings import EvalSettings
 from gan.core.snapshot import load_generator
 from gan.evaluation.sampling import slerp
 from gan.run.checkpoint import read_checkpoint
-from gan.run.settings import EvalSettings
-from gan.training.compose import compose
 
 IMAGE_KEYS = {"fid", "kid", "precision", "recall", "density", "coverage", "features"}
 MIXTURE_KEYS = {"modes", "modes_total", "high_quality", "reverse_kl", "spread", "spread_min", "spread_max"}
@@ -149,7 +149,7 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(digits_run, tmp_path, 
         "does not exist": [f"run_dir={run}", f"ckpt={run / 'checkpoints' / 'nope.ckpt'}"],
         "is not a readable checkpoint": [f"run_dir={run}", f"ckpt={run / '.hydra' / 'config.yaml'}"],
         "no Inception weights": [f"run_dir={run}", "features=inception"],
-        # the bounds of what is measured, declared once for train.py's eval.* and these (gan/run/schema.py)
+        # the bounds of what is measured, declared once for train.py's eval.* and these (gan/config/schema.py)
         "num_samples=2: it must be >= 4": [f"run_dir={run}", "num_samples=2"],
         "num_real=3: it must be >= 4": [f"run_dir={run}", "num_real=3"],
         "batch_size=0: it must be >= 1": [f"run_dir={run}", "batch_size=0"],

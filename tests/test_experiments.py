@@ -16,12 +16,12 @@ from conftest import CONFIGS, MNIST_T10K, compose_config, run_main, run_train
 from omegaconf import OmegaConf
 from test_data import make_mnist_split
 
+from gan.config.compose import recipe_follows_data
 from gan.core.models import UNCONDITIONAL, g_condition
 from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
 from gan.evaluation.app import with_run_classifier_steps
 from gan.run.build import build_module
-from gan.training.compose import recipe_follows_data
 
 PRESETS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DATA = sorted(p.stem for p in (CONFIGS / "data").glob("*.yaml"))

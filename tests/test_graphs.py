@@ -1,4 +1,4 @@
-"""The autograd graphs of gan/core/graphs.py: their structure (which parameters each loss reaches, where the
+"""The autograd graphs of gan/evaluation/graphs.py: their structure (which parameters each loss reaches, where the
 detach cuts, what D's freeze leaves out), the pictures Graphviz draws, and the one every run logs."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from conftest import read_events, run_train
 from mutation import D_NOT_FROZEN, mutated_step
 from PIL import Image
 
-from gan.core import graphs
+from gan.evaluation import graphs
 from gan.patterns import graph as demo
-from gan.patterns.cli import main as patterns_main
+from gan.patterns.claims import main as patterns_main
 from gan.patterns.models import training_module
 from gan.training.outputs import Samples
 

@@ -23,8 +23,8 @@ from mutation import D_NOT_FROZEN, WITHOUT_DETACH, mutated_step
 
 from gan.core import step
 from gan.patterns import gan_step
-from gan.patterns.cli import DEMOS, markdown_table
-from gan.patterns.cli import main as patterns_main
+from gan.patterns.claims import DEMOS, markdown_table
+from gan.patterns.claims import main as patterns_main
 from gan.patterns.measure import PYTORCH, STEP, Result, contains
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -209,7 +209,7 @@ def test_what_a_resume_may_change():
 
 
 def renamed_back(composed: dict) -> dict:
-    """``composed`` as runs from before the renames saved it (gan/run/schema.py's was=): the batch size, D steps and
+    """``composed`` as runs from before the renames saved it (gan/config/schema.py's was=): the batch size, D steps and
     layout read from train.* (which may differ from data.batch_size: the old name's value is what trained), and
     loss=wgan_gp's loss.batchnorm_in_d, which chose model.d_batchnorm."""
     saved = copy.deepcopy(composed)

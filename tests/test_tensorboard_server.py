@@ -23,7 +23,7 @@ from conftest import ROOT
 from PIL import Image
 
 from gan.training.outputs import Samples
-from tools.tensorboard import tensorboard_server
+from tools.tensorboard_server import tensorboard_server
 
 RUN = "."  # the log directory holds the run's event files itself
 TENSORBOARD_ORANGE = (245, 124, 0)  # the header bar of TensorBoard's web app

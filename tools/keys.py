@@ -1,4 +1,4 @@
-"""docs/usage.md's table of every key of configs/train.yaml, from gan/run/schema.py's declarations and the configs as
+"""docs/usage.md's table of every key of configs/train.yaml, from gan/config/schema.py's declarations and the configs as
 Hydra composes them: what each key is, its default (``python train.py '~experiment'``; a key of some options only:
 each option's), its bounds, what a resume may do with it, and the recipes (configs/experiment/) that set it to
 something else.
@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gan.run.schema import DECLARED, bounds, resume_policy  # noqa: E402
-from gan.training.compose import CONFIGS, compose  # noqa: E402
+from gan.config.compose import CONFIGS, compose  # noqa: E402
+from gan.config.schema import DECLARED, bounds, resume_policy  # noqa: E402
 from gan.training.resume import flatten, override_value  # noqa: E402
 
 USAGE = ROOT / "docs" / "usage.md"

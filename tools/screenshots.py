@@ -24,7 +24,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tools.tensorboard import tensorboard_server
+from tools.tensorboard_server import tensorboard_server
 
 DOCS = Path(__file__).resolve().parent
 # dashboard -> the URL fragment that opens it (and, for scalars and images, the tag filter it shows)

@@ -241,7 +241,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as a script, this folder is sys.path[0]: its tensorboard.py would hide the tensorboard package.
-    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-        del sys.path[0]
     sys.exit(main())

@@ -1,6 +1,6 @@
 """The audit's checks that need no training loop (pure PyTorch): that sampling leaves a generator exactly as
 it was and returns no graph, and that logged values are plain numbers; and how state is compared bit for
-bit. gan/training/audit.py checks the training step itself with them."""
+bit. gan/training/autograd_audit.py checks the training step itself with them."""
 
 from __future__ import annotations
 

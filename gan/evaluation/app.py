@@ -15,6 +15,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
+from gan.config.eval_settings import EvalSettings
+from gan.config.schema import EvaluateConfig, conform
 from gan.core import snapshot
 from gan.core.devices import resolve_device
 from gan.data.datasets import data_shape, is_points, mixture_means, population
@@ -27,8 +29,6 @@ from gan.files import atomic_write
 from gan.run.hold import EVALUATE_FIX, holding
 from gan.run.load import find_checkpoint, load_module
 from gan.run.module import GANModule
-from gan.run.schema import EvaluateConfig, conform
-from gan.run.settings import EvalSettings
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 from torchmetrics.utilities import dim_zero_cat
 
+from gan.config.eval_settings import EvalSettings
 from gan.core.contexts import evaluating
 from gan.data.datasets import STACKED_MODES, StackedMNIST, build_dataset, is_points, mixture_means, stack_modes
 from gan.errors import ConfigError
@@ -48,7 +49,6 @@ from gan.evaluation.features import (
     per_channel_features,
     to_uint8,
 )
-from gan.run.settings import EvalSettings
 
 KID_SUBSET_SIZE = 1000  # torch-fidelity's default; smaller sample sets use all they have
 # Per-class FID only where the class has at least this many generated and this many real images. FID

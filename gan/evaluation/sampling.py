@@ -14,10 +14,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from gan.config.eval_settings import EvalSettings
 from gan.core.models import Condition
 from gan.data.datasets import is_points
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, quantize
-from gan.run.settings import EvalSettings
 
 
 class SampleSource(Protocol):

@@ -1,7 +1,7 @@
-"""`python -m gan.patterns`: see gan/patterns/cli.py."""
+"""`python -m gan.patterns`: see gan/patterns/claims.py."""
 
 import sys
 
-from gan.patterns.cli import main
+from gan.patterns.claims import main
 
 sys.exit(main())

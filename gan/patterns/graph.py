@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from gan.core import step
-from gan.core.graphs import ForwardRecorder, Graph, dot_path, draw, text_tree, to_dot
+from gan.evaluation.graphs import ForwardRecorder, Graph, dot_path, draw, text_tree, to_dot
 from gan.patterns.models import adam, gan_inputs, training_module
 
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from gan.core.graphs import reachable, saved_tensors
+from gan.evaluation.graphs import reachable, saved_tensors
 
 STEP = "the training step"  # the row runs gan.core.step's functions or the GANModule train.py builds
 PYTORCH = "PyTorch"  # the row shows a fact of PyTorch, on the project's models

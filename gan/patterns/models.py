@@ -11,11 +11,11 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
+from gan.config.compose import compose
 from gan.core.losses import get_loss
 from gan.core.models import build_models, g_condition
 from gan.run.build import build_module
 from gan.run.module import GANModule
-from gan.training.compose import compose
 
 Z_DIM = 16
 SIZE = 16  # image side of the small models most demonstrations use

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from gan.config.schema import DECLARED, RENAMED
 from gan.core.models import g_condition
-from gan.run.schema import DECLARED, RENAMED
 
 # Config keys added after the first runs, with the value those runs trained with (declared with each key).
 CONFIG_DEFAULTS: dict[str, Any] = {name: declared["before"] for name, declared in DECLARED.items()
@@ -61,7 +61,7 @@ def upgrade_subset(condition: dict[str, Any] | None, classes: list[int] | None, 
 
 
 def upgrade_config(cfg: dict[str, Any]) -> None:
-    """A saved config (a plain dict) with its keys' old names renamed (gan/run/schema.py's ``was``) and the keys
+    """A saved config (a plain dict) with its keys' old names renamed (gan/config/schema.py's ``was``) and the keys
     added since at the values older runs trained with, in place. Also applied to a composed config before it is
     compared with a checkpoint's (gan/training/resume.py): a key one side lacks and the other holds at its old
     value is no change."""

@@ -22,8 +22,6 @@ from gan.core.snapshot import make_snapshot
 from gan.core.state import EMAGenerator, StepCounters
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
-# optim.decay: the learning rates over a run (configure_optimizers).
-LR_DECAYS = ("constant", "linear")
 
 
 class GANModule(nn.Module):

@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gan.cli import reported
+from gan.config.schema import TrainConfig, conform
 from gan.core.models import d_classifies, g_condition
 from gan.data.datasets import build_dataset, data_shape, is_points, num_classes
 from gan.errors import ConfigError
@@ -23,7 +24,6 @@ from gan.run.checkpoint import mismatched, read_checkpoint
 from gan.run.finetune import init_checkpoint, start_from
 from gan.run.hold import TRAIN_FIX, held_for_task
 from gan.run.module import GANModule
-from gan.run.schema import TrainConfig, conform
 from gan.training.loggers import check_loggers
 from gan.training.resume import Change, changes, check_changes
 
@@ -52,7 +52,7 @@ def check_writable(run_dir: Path) -> None:
 
 
 def validate(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with its values converted to their types and within the bounds gan/run/schema.py declares for each
+    """``cfg`` with its values converted to their types and within the bounds gan/config/schema.py declares for each
     key (its ``conform``), then checked across keys and against this machine; a ConfigError names the first
     problem and the fix."""
     cfg = conform(cfg, TrainConfig)
@@ -90,7 +90,7 @@ def validate(cfg: DictConfig) -> DictConfig:
 
 def check_optimizer(name: str, optimizer: DictConfig) -> None:
     """Refuse an optimizer (``optim.g``, ``optim.d``) whose betas lie out of range (a rule on a list's length and
-    each of its numbers, which gan/run/schema.py's bounds, on one number each, do not say), or that torch cannot
+    each of its numbers, which gan/config/schema.py's bounds, on one number each, do not say), or that torch cannot
     build from its keys: torch would refuse it with a traceback once the run directory is written, or not at all
     (three betas fail only at the first step)."""
     betas = optimizer.get("betas")

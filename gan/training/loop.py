@@ -24,13 +24,14 @@ from lightning.fabric.strategies import DDPStrategy
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from gan.config.eval_settings import EvalSettings
 from gan.core import snapshot, step
 from gan.core.audit import check_plain_numbers
 from gan.core.distributed import broadcast_buffers
 from gan.core.models import g_condition
 from gan.core.phases import PhaseTimer, StepPhases
 from gan.data.datasets import data_shape, is_points, mixture_means, num_classes, population
-from gan.data.module import GANData
+from gan.data.loader import GANData
 from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
 from gan.run.build import build_module
@@ -38,8 +39,7 @@ from gan.run.checkpoint import save_checkpoint
 from gan.run.finetune import start_from
 from gan.run.hold import TRAIN_FIX, holding
 from gan.run.module import GANModule, grad_norm
-from gan.run.settings import EvalSettings
-from gan.training.audit import AutogradAudit
+from gan.training.autograd_audit import AutogradAudit
 from gan.training.checks import SEPARATE_DDP, Start, check_resumable, check_writable, checked
 from gan.training.guard import NonFiniteGuard
 from gan.training.host import launched_by, no_gpu_probe_per_step, slow_bf16_warning, torch_threads

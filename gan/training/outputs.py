@@ -19,13 +19,13 @@ from lightning.fabric.loggers import Logger
 from torch import Tensor
 from tqdm import tqdm
 
+from gan.config.eval_settings import EvalSettings
 from gan.core.audit import check_plain_numbers
-from gan.core.graphs import ForwardRecorder, dot_path, picture
 from gan.errors import StoppedAtOnce
+from gan.evaluation.graphs import ForwardRecorder, dot_path, picture
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
-from gan.run.settings import EvalSettings
 
 if TYPE_CHECKING:
     from gan.run.module import GANModule

@@ -1,6 +1,6 @@
 """What a resume (``ckpt_path=...``) may change: the config saved in the checkpoint
-(``hyper_parameters["cfg"]``) against the one composed now, key by key, each change as gan/run/schema.py
-declares its key (:func:`gan.run.schema.resume_policy`; that module's docstring says what each policy means).
+(``hyper_parameters["cfg"]``) against the one composed now, key by key, each change as gan/config/schema.py
+declares its key (:func:`gan.config.schema.resume_policy`; that module's docstring says what each policy means).
 Here: the changes found (:func:`changes`), refused in one line (:func:`check_changes`) or logged
 (:func:`log_changes`), and set on the restored optimizers (:func:`apply_on_resume`) and state (:func:`restore`).
 """
@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from gan.config.schema import DECLARED, resume_policy
 from gan.core.models import FourierFeatures
 from gan.errors import ConfigError
 from gan.run.legacy import upgrade_config
-from gan.run.schema import DECLARED, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Change:
 
     @property
     def kind(self) -> str:
-        """``applied``, ``refused``, ``fixed`` or ``free``: as gan/run/schema.py declares the key (see the module's
+        """``applied``, ``refused``, ``fixed`` or ``free``: as gan/config/schema.py declares the key (see the module's
         docstring)."""
         return "fixed" if self.fixed_here else resume_policy(self.key)
 

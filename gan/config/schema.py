@@ -44,11 +44,12 @@ from typing import Any, get_type_hints
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from gan.config.eval_settings import FEATURES, EvalSettings
 from gan.errors import ConfigError, unknown_key
-from gan.run.module import LR_DECAYS
-from gan.run.settings import FEATURES, EvalSettings
 
 RESUME_POLICIES = ("applied", "refused", "fixed", "free", "ignored")
+# optim.decay: the learning rates over a run (gan/run/module.py configure_optimizers).
+LR_DECAYS = ("constant", "linear")
 
 
 BOUNDS = ("least", "above", "most", "below")
@@ -237,7 +238,7 @@ class Checkpoint:
     keep: int = key(least=0, meaning="periodic checkpoints kept besides last.ckpt; 0 keeps them all")
 
 
-# What the metrics measure (gan.run.settings.EvalSettings' fields): train.yaml's eval.*, evaluate.yaml's top level.
+# What the metrics measure (EvalSettings' fields): train.yaml's eval.*, evaluate.yaml's top level.
 NEAREST = "; precision/recall looks at each sample's 3 nearest neighbours"
 MEASURED = {
     "num_samples": key(least=4, meaning="generated samples per evaluation" + NEAREST),
@@ -252,7 +253,7 @@ MEASURED = {
 
 
 def measuring(name: str, *extra: tuple[Any, ...]) -> type:
-    """A schema with the fields of gan.run.settings.EvalSettings, which types what the metrics measure once
+    """A schema with the fields of gan.config.eval_settings.EvalSettings, which types what the metrics measure once
     (train.yaml's ``eval`` section, evaluate.yaml's top level), declared in :data:`MEASURED`, and the ``extra`` ones
     (which may retype one of them, keeping its declaration): each (name, type), or (name, type, its :func:`key`
     declaration)."""
@@ -263,7 +264,7 @@ def measuring(name: str, *extra: tuple[Any, ...]) -> type:
                                  for key, annotation, declared in keys.values()])
 
 
-# num_samples may be null: the data's protocol count (gan.run.settings).
+# num_samples may be null: the data's protocol count (gan.config.eval_settings).
 Eval = measuring("Eval", ("every", int, key(least=0, meaning="generator steps between evaluations; 0: none")),
                  ("num_samples", int | None))
 
@@ -367,7 +368,7 @@ def conform(cfg: DictConfig, schema: type) -> DictConfig:
             raise ConfigError(moved(full_key, OmegaConf.select(cfg, full_key))) from None
         section = full_key.rpartition(".")[0]
         raise ConfigError(unknown_key(full_key, OmegaConf.select(structure, section) if section else structure)
-                          + ", and a new key needs its type in gan/run/schema.py") from None
+                          + ", and a new key needs its type in gan/config/schema.py") from None
     except ValidationError as e:  # a value of the wrong type
         raise ConfigError(f"{e.full_key}={e.value}: {e.msg.splitlines()[0]}") from None
     # Only the keys cfg has: the schema of an option group also lists the keys of the other options.

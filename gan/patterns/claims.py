@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--only", metavar="NAME", help=f"run one demonstration: {', '.join(DEMOS)}")
     commands = parser.add_subparsers(dest="command", metavar="graph")
-    draw = commands.add_parser("graph", help="draw the autograd graphs of one training step (gan/core/graphs.py)")
+    draw = commands.add_parser("graph", help="draw the autograd graphs of one training step (gan/evaluation/graphs.py)")
     draw.add_argument("--out", type=Path, default=Path("outputs/graphs"),
                        help="where the SVG and PNG pictures go (default: outputs/graphs)")
     args = parser.parse_args(argv)

@@ -15,8 +15,8 @@ from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from gan.cli import hydra_message
+from gan.config.schema import RENAMED
 from gan.errors import ConfigError
-from gan.run.schema import RENAMED
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -41,7 +41,7 @@ def compose(*overrides: str, config: str = "train", run_dir: str | Path | None =
 
 
 def renamed_override(e: ConfigCompositionException) -> bool:
-    """Did Hydra refuse an override of a key's old name (gan/run/schema.py's ``was``)?"""
+    """Did Hydra refuse an override of a key's old name (gan/config/schema.py's ``was``)?"""
     return isinstance(e.__cause__, OmegaConfBaseException) and str(getattr(e.__cause__, "full_key", "")) in RENAMED
 
 

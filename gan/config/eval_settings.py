@@ -31,7 +31,7 @@ class EvalSettings:
     @classmethod
     def from_config(cls, cfg: Any, data: str | None = None) -> EvalSettings:
         """The settings in a composed config (``cfg.eval`` of train.py's, or evaluate.py's), which
-        gan/run/schema.py's ``conform`` has checked (its ``MEASURED`` declares their bounds); ``num_samples=null``
+        gan/config/schema.py's ``conform`` has checked (its ``MEASURED`` declares their bounds); ``num_samples=null``
         becomes the protocol count of the data named ``data`` (:data:`PROTOCOL_SAMPLES`)."""
         values = {f.name: cfg[f.name] for f in fields(cls)}
         if values["num_samples"] is None:
