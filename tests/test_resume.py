@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,11 +47,33 @@ def assert_identical(a, b, path="checkpoint"):
         assert a == b, path
 
 
-def test_n_plus_resume_plus_n_equals_2n(tmp_path):
+class FilesLoaded:
+    """torch.load, counting the files it reads (by path) while a test runs."""
+
+    def __init__(self, monkeypatch):
+        self.paths: list[Path] = []
+        load = torch.load
+
+        def counting(f, *args, **kwargs):
+            if isinstance(f, (str, os.PathLike)):
+                self.paths.append(Path(f).resolve())
+            return load(f, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "load", counting)
+
+    def count(self, path: Path) -> int:
+        return self.paths.count(path.resolve())
+
+
+def test_n_plus_resume_plus_n_equals_2n(tmp_path, monkeypatch):
     assert run_train(tmp_path / "straight", *FULL, "trainer.max_steps=6") == 0
     assert run_train(tmp_path / "first", *FULL, "trainer.max_steps=3") == 0
-    assert run_train(tmp_path / "second", *FULL, "trainer.max_steps=6",
-                     f"ckpt_path={tmp_path / 'first' / 'checkpoints' / 'last.ckpt'}") == 0
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    loaded = FilesLoaded(monkeypatch)
+    assert run_train(tmp_path / "second", *FULL, "trainer.max_steps=6", f"ckpt_path={last}") == 0
+    # train.py's Hydra callback reads the checkpoint to check the resume before .hydra/ is written; the loop takes
+    # its checks over rather than reading the file again.
+    assert loaded.count(last) == 1
     straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
     resumed = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", weights_only=True)
     # The run really exercised what it claims to: p moved, EMA and LeCam anchors are live.
@@ -375,3 +398,18 @@ def test_the_loop_called_directly_refuses_a_resume_with_train_pys_line(digits_ru
     assert printed == f"error: {refused.value}"
     assert "log.num_samples=16 there, 8 here" in printed
     assert not (tmp_path / "direct" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("caller", ["gan.train", "the loop"])
+def test_a_resume_reads_its_checkpoint_once(digits_run, tmp_path, monkeypatch, caller):
+    """gan.train checks the resume before it writes the run's .hydra/, as train.py's callback does, and the loop takes
+    those checks over; the loop called directly makes them itself. Either way the file is read once."""
+    import gan
+
+    last = digits_run / "checkpoints" / "last.ckpt"
+    loaded = FilesLoaded(monkeypatch)
+    if caller == "gan.train":
+        gan.train(*TINY, f"ckpt_path={last}", "trainer.max_steps=7", run_dir=tmp_path / "api")
+    else:
+        train(compose_config(*TINY, f"ckpt_path={last}", "trainer.max_steps=7", run_dir=tmp_path / "direct"))
+    assert loaded.count(last) == 1
