@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import orthogonal, weight_norm
 
 import gan.core.step
+import gan.data.loader
 from gan.core.audit import AuditError
 from gan.core.freezing import block_names, blocks, freeze
 from gan.core.models import DCGANDiscriminator
@@ -297,3 +298,29 @@ def test_a_source_whose_fourier_features_have_another_scale_is_refused_in_one_li
     assert run_train(tmp_path / "same", f"init_from={ring_run}", *ring) == 0
     assert torch.equal(load(tmp_path / "same" / "checkpoints" / "last.ckpt")["state_dict"]["D.net.1.frequencies"],
                        load(ring_run / "checkpoints" / "last.ckpt")["state_dict"]["D.net.1.frequencies"])
+
+
+def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_its_source_once(digits_run, tmp_path,
+                                                                                       monkeypatch):
+    """train.py checks init_from, the frozen blocks and the subset on the data and networks it builds before anything
+    is written; the loop trains those (their bit-identity with a build of their own: tools/training_fingerprints.py's
+    finetune case)."""
+    import gan.training.checks
+    import gan.training.loop
+    from test_resume import FilesLoaded
+
+    built = {"data": 0, "networks": 0}
+    for module, name, kind in ((gan.training.checks, "build_module", "networks"),
+                               (gan.training.loop, "build_module", "networks"),
+                               (gan.training.checks, "build_dataset", "data"),
+                               (gan.data.loader, "build_dataset", "data")):
+        def counted(*args, original=getattr(module, name), kind=kind, **kwargs):
+            built[kind] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    source = digits_run / "checkpoints" / "last.ckpt"
+    loaded = FilesLoaded(monkeypatch)
+    assert run_train(tmp_path / "run", f"init_from={digits_run}", *FINETUNE) == 0
+    assert built == {"data": 1, "networks": 1}
+    assert loaded.count(source) == 1

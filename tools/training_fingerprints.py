@@ -44,6 +44,9 @@ CASES: dict[str, tuple[str, ...]] = {
     "mnist": ("experiment=mnist", *MNIST_DATA),
     "stacked_mnist": ("experiment=stacked_mnist", *MNIST_DATA),
     "mnist_acgan": ("experiment=mnist_acgan", *MNIST_DATA),
+    # Fine-tuning: the default run's networks (trained first, for as many steps, into a directory beside this
+    # one), D's first block frozen, on 200 of the digits.
+    "finetune": ("init_from={source}", "finetune.freeze_d=1", "data.limit=200"),
 }
 NEEDS_MNIST = {"mnist", "stacked_mnist", "mnist_acgan"}
 
@@ -87,7 +90,12 @@ def fingerprint(case: str, steps: int, run_dir: Path) -> str:
     of the state its last checkpoint holds (:data:`HASHED`)."""
     from gan.api import train
 
-    train(*CASES[case], f"trainer.max_steps={steps}", *PINNED, run_dir=run_dir)
+    overrides = CASES[case]
+    if any("{source}" in o for o in overrides):  # a run to start from: the default case's, trained first
+        source = Path(f"{run_dir}-source")
+        train(*CASES["default"], f"trainer.max_steps={steps}", *PINNED, run_dir=source)
+        overrides = tuple(o.format(source=source) for o in overrides)
+    train(*overrides, f"trainer.max_steps={steps}", *PINNED, run_dir=run_dir)
     checkpoint = torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     digest = hashlib.sha256()
     for key in HASHED:

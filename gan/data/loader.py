@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gan.data.datasets import build_dataset
 from gan.data.sampler import StepBatchSampler, TensorBatches
@@ -15,9 +15,11 @@ from gan.errors import ConfigError
 class GANData:
     """Serves ``loss.d_steps`` real minibatches per generator step (one for each D update)."""
 
-    def __init__(self, data_cfg: dict[str, Any], batch_size: int, d_steps: int, seed: int):
+    def __init__(self, data_cfg: dict[str, Any], batch_size: int, d_steps: int, seed: int,
+                 dataset: Dataset | None = None):
+        """``dataset``: the one ``data_cfg`` and ``seed`` build, where it was built already (the run's checks)."""
         self.cfg, self.batch_size, self.d_steps, self.seed = data_cfg, batch_size, d_steps, seed
-        self.dataset = build_dataset(data_cfg, seed)
+        self.dataset = dataset if dataset is not None else build_dataset(data_cfg, seed)
         if len(self.dataset) == 0:
             raise ConfigError(f"data={data_cfg['name']} is empty")
 

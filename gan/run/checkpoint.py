@@ -1,5 +1,6 @@
-"""Files written atomically: checkpoints, and every other file a reader must never see half-written;
-and checkpoints read back safely."""
+"""Checkpoints on disk: :func:`save_checkpoint` writes one atomically (gan/files.py's ``atomic_write``),
+:func:`read_checkpoint` reads one back with ``torch.load(weights_only=True)`` and brings it to the current
+layout (gan/run/legacy.py), and :func:`mismatched` names the tensors where its weights do not fit a module."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Runs and checkpoints from older versions of this project, read in one place: :func:`upgrade` is called
-where a checkpoint is read (gan/run/checkpoint.py's ``read_checkpoint``, for evaluate.py and the
-resume check) and where the loop loads one to resume (gan/training/loop.py). Checkpoints of the releases
-trained by Lightning's Trainer hold the same keys the loop reads (``state_dict``, ``optimizer_states``,
-``lr_schedulers``, ``hyper_parameters``, ``rng``), so they resume as they are."""
+"""Checkpoints and saved configs written by earlier versions of this project, brought to the current layout
+in one place. :func:`upgrade` runs on every checkpoint read (gan/run/checkpoint.py's ``read_checkpoint``: for a
+resume, ``init_from=`` and evaluate.py); :func:`upgrade_config` also runs on a composed config before a resume
+compares it with the checkpoint's (gan/training/resume.py). The top-level keys the loop reads (``state_dict``,
+``optimizer_states``, ``lr_schedulers``, ``hyper_parameters``, ``rng``) are those of every version's
+checkpoints, Lightning Trainer's included, so they need no upgrade."""
 
 from __future__ import annotations
 

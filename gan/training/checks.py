@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.utils.data import Dataset
 
 from gan.cli import reported
 from gan.config.schema import TrainConfig, conform
@@ -154,13 +155,27 @@ class CheckBeforeWriting(Callback):
 
 
 @dataclass
+class FineTuned:
+    """A fine-tuning start's networks as the checks built them from the run's seed (``module``, with another run's
+    weights and its frozen blocks), the random state building them left (``rng``), and what to log of it."""
+
+    module: GANModule
+    rng: torch.Tensor
+    lines: list[str]
+
+
+@dataclass
 class Start:
-    """A training run's checked config (``cfg``), and where a resume starts: its checkpoint, read once, and what
-    the config changes of the one it was trained with (``changes``, gan/training/resume.py). None and []: a new run."""
+    """A training run's checked config (``cfg``), where a resume starts -- its checkpoint, read once, and what the
+    config changes of the one it was trained with (``changes``, gan/training/resume.py); None and [] for a new run
+    -- and what the checks built that the run uses as it is: the ``dataset`` of a subset or a fine-tuning start,
+    and a new fine-tuning run's networks (``fine_tuned``)."""
 
     cfg: DictConfig
-    checkpoint: dict[str, Any] | None
-    changes: list[Change]
+    checkpoint: dict[str, Any] | None = None
+    changes: list[Change] = field(default_factory=list)
+    dataset: Dataset | None = None
+    fine_tuned: FineTuned | None = None
 
 
 # Each run's checks, made before anything was written (by train.py's Hydra callback, gan.train), for the loop in this
@@ -178,13 +193,12 @@ def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
     cfg = validate(cfg)
     check_run_dir(run_dir, cfg.ckpt_path)
     check_writable(run_dir)
-    check_finetune(cfg)
-    checkpoint, found = None, []
+    start = Start(cfg)
+    check_finetune(start)
     if cfg.ckpt_path is not None:
-        checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
-        found = config_changes(checkpoint, OmegaConf.to_container(cfg, resolve=True))
-        check_changes(found, cfg)
-    start = Start(cfg, checkpoint, found)
+        start.checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
+        start.changes = config_changes(start.checkpoint, OmegaConf.to_container(cfg, resolve=True))
+        check_changes(start.changes, cfg)
     CHECKED[run_dir.expanduser().resolve()] = (given, start)
     return start
 
@@ -210,18 +224,28 @@ def without_paths(cfg: DictConfig) -> dict[str, Any]:
     return plain
 
 
-def check_finetune(cfg: DictConfig) -> None:
+def check_finetune(start: Start) -> None:
     """Refuse a subset of the data (``data.classes``, ``data.limit``) it does not have, an ``init_from`` whose
-    networks do not fit this config's, or a ``finetune.freeze_*`` naming no block, by doing each here on data
-    and networks the run will build again."""
+    networks do not fit this config's, or a ``finetune.freeze_*`` naming no block, by doing each here; a new run
+    keeps what this built (``start.dataset``, ``start.fine_tuned``), a resume builds its networks again to restore
+    them."""
+    cfg = start.cfg
     container = OmegaConf.to_container(cfg, resolve=True)
     finetune, data = container["finetune"], container["data"]
     subset = data.get("classes") is not None or data.get("limit") is not None
     starts = (cfg.init_from is not None and cfg.ckpt_path is None) or finetune["freeze_d"] or finetune["freeze_g"]
-    dataset = build_dataset(data, cfg.seed) if subset or starts else None
+    if not (subset or starts):
+        return
+    start.dataset = build_dataset(data, cfg.seed)
     if starts:
-        condition = g_condition(container["model"], num_classes(dataset), data.get("classes"))
-        start_from(build_module(container, data_shape(data), condition), container)
+        condition = g_condition(container["model"], num_classes(start.dataset), data.get("classes"))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)  # as the loop seeds the run before it builds: the same networks
+            module = build_module(container, data_shape(data), condition)
+            rng = torch.get_rng_state()
+        lines = start_from(module, container)
+        if cfg.ckpt_path is None:
+            start.fine_tuned = FineTuned(module, rng, lines)
 
 
 def check_resumable(module: GANModule, start: Start) -> None:

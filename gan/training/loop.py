@@ -138,22 +138,33 @@ def build(start: Start) -> Training:
     fabric = build_fabric(container["trainer"], build_loggers(container.get("logger") or {}))
     fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
     fabric.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = GANData(container["data"], cfg.data.batch_size, cfg.loss.d_steps, cfg.seed)
-    # What G takes beside its noise, and which of the data's classes it trains on.
-    condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
-    run = Training(cfg, fabric, data, build_module(container, data_shape(container["data"]), condition))
-    run.module.global_rank = fabric.global_rank
-    if start.checkpoint is not None:  # the state first: fine-tuning freezes blocks of the restored networks
-        check_resumable(run.module, start)
-        log_changes(start.changes)
-        restore(run.module, start.checkpoint, container, start.changes)
-    # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
-    for line in start_from(run.module, container, start.checkpoint):
-        if run.zero:
+    data = GANData(container["data"], cfg.data.batch_size, cfg.loss.d_steps, cfg.seed, start.dataset)
+    module, lines = networks(start, container, data)
+    run = Training(cfg, fabric, data, module)
+    module.global_rank = fabric.global_rank
+    if run.zero:
+        for line in lines:
             log.info(line)
     place(run)
     observe(run)
     return run
+
+
+def networks(start: Start, container: dict[str, Any], data: GANData) -> tuple[GANModule, list[str]]:
+    """The run's module -- restored from the checkpoint (a resume), fine-tuned from another run's weights with its
+    frozen blocks (as the checks built it), or new from the run's seed -- and what fine-tuning logs."""
+    if start.fine_tuned is not None:  # built by the checks from the run's seed: the same networks, built once
+        torch.set_rng_state(start.fine_tuned.rng)  # the random stream where building them left it
+        return start.fine_tuned.module, start.fine_tuned.lines
+    # What G takes beside its noise, and which of the data's classes it trains on.
+    condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
+    module = build_module(container, data_shape(container["data"]), condition)
+    if start.checkpoint is not None:  # the state first: fine-tuning freezes blocks of the restored networks
+        check_resumable(module, start)
+        log_changes(start.changes)
+        restore(module, start.checkpoint, container, start.changes)
+    # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
+    return module, start_from(module, container, start.checkpoint)
 
 
 def build_fabric(trainer: dict[str, Any], loggers: list[Any]) -> Fabric:
