@@ -13,12 +13,14 @@ import pytest
 import torch
 from conftest import TINY, compose_config, run_train
 from test_bad_input import one_line
-from test_resume import assert_identical
+from test_resume import FilesLoaded, assert_identical
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal, weight_norm
 
 import gan.core.step
 import gan.data.loader
+import gan.training.checks
+import gan.training.loop
 from gan.core.audit import AuditError
 from gan.core.freezing import block_names, blocks, freeze
 from gan.core.models import DCGANDiscriminator
@@ -305,20 +307,19 @@ def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_its_source
     """train.py checks init_from, the frozen blocks and the subset on the data and networks it builds before anything
     is written; the loop trains those (their bit-identity with a build of their own: tools/training_fingerprints.py's
     finetune case)."""
-    import gan.training.checks
-    import gan.training.loop
-    from test_resume import FilesLoaded
-
     built = {"data": 0, "networks": 0}
+
+    def counting(original, kind):
+        def counted(*args, **kwargs):
+            built[kind] += 1
+            return original(*args, **kwargs)
+        return counted
+
     for module, name, kind in ((gan.training.checks, "build_module", "networks"),
                                (gan.training.loop, "build_module", "networks"),
                                (gan.training.checks, "build_dataset", "data"),
                                (gan.data.loader, "build_dataset", "data")):
-        def counted(*args, original=getattr(module, name), kind=kind, **kwargs):
-            built[kind] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(module, name, counted)
+        monkeypatch.setattr(module, name, counting(getattr(module, name), kind))
     source = digits_run / "checkpoints" / "last.ckpt"
     loaded = FilesLoaded(monkeypatch)
     assert run_train(tmp_path / "run", f"init_from={digits_run}", *FINETUNE) == 0
