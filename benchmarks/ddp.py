@@ -79,8 +79,7 @@ def run_once(trainer: str, steps: int, overrides: list[str], out: Path) -> None:
     cfg = compose_train(trainer, "trainer.accelerator=cpu", "trainer.devices=2",
                         f"trainer.max_steps={steps + COUNTED}", *overrides, run_dir=out.parent / "run")
     clocks = Clocks(steps)
-    module = train(cfg, [clocks])
-    if module.global_rank == 0:
+    if train(cfg, [clocks]).zero:  # rank 0
         figures = {clock: median_after_warmup([(b - a) * 1e3 for a, b in zip(ends, ends[1:])])
                    for clock, ends in clocks.ends.items()}
         out.write_text(json.dumps({**figures, "collectives": clocks.collectives()}))

@@ -62,8 +62,8 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
         OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
         OmegaConf.save(OmegaConf.create(list(overrides)), run / ".hydra" / "overrides.yaml")
         with log_file(run / "train.log"):
-            module = fit(cfg)
-    return Run(run, {**module.last_losses, **module.last_metrics})
+            trained = fit(cfg)
+    return Run(run, {**trained.last_losses, **trained.last_metrics})
 
 
 def evaluate(run: Run | str | Path, *overrides: str) -> Run:

@@ -18,7 +18,6 @@ from gan.core.audit import AuditError, Snapshot, check_plain_numbers
 from gan.core.models import UNCONDITIONAL
 from gan.core.objective import Objective
 from gan.run.build import build_module
-from gan.run.module import GANModule
 from gan.training.autograd_audit import expected_to_change, first_changed_grad, grad_versions
 from gan.training.loop import train
 
@@ -35,7 +34,7 @@ def tiny(tmp_path, *overrides: str):
     (("loss=rpgan", "reg=r1r2", "reg.every=2"), 2),  # G's loss runs D on the reals too, under no_grad
 ])
 def test_the_real_step_passes_the_audit(tmp_path, overrides, d_steps):
-    module = train(tiny(tmp_path, *overrides))
+    module = train(tiny(tmp_path, *overrides)).module
     assert int(module.counters.g_updates) == 2 and int(module.counters.d_updates) == d_steps
 
 
@@ -91,15 +90,20 @@ def test_a_g_weight_the_g_update_leaves_without_a_gradient_is_caught(tmp_path, m
         train(tiny(tmp_path))
 
 
+def adam(parameters):
+    """An optimizer as configs/optim/adam.yaml builds one."""
+    return torch.optim.Adam(parameters, lr=2e-4, betas=(0.5, 0.999))
+
+
 def planted_optimizers(monkeypatch, change):
-    """GANModule.configure_optimizers with ``change(module, [opt_g, opt_d])`` applied to what it returns."""
-    configure = GANModule.configure_optimizers
+    """The loop's build_optimizers with ``change(module, [opt_g, opt_d])`` applied to what it returns."""
+    build = gan.training.loop.build_optimizers
 
-    def changed(self):
-        optimizers, schedules = configure(self)
-        return change(self, optimizers) or optimizers, schedules
+    def changed(module, optim, max_steps):
+        optimizers, schedules = build(module, optim, max_steps)
+        return change(module, optimizers) or optimizers, schedules
 
-    monkeypatch.setattr(GANModule, "configure_optimizers", changed)
+    monkeypatch.setattr(gan.training.loop, "build_optimizers", changed)
 
 
 @pytest.mark.parametrize("index,network", [(0, "G"), (1, "D")])
@@ -118,7 +122,7 @@ def test_an_update_that_moves_no_weight_is_caught(tmp_path, monkeypatch, index, 
 def test_an_optimizer_that_holds_the_other_networks_weights_is_caught(tmp_path, monkeypatch):
     """Planted: D's optimizer built over D's parameters and G's first."""
     def with_a_g_weight(module, optimizers):
-        return [optimizers[0], module.make_optimizers[1]([*module.D.parameters(), next(module.G.parameters())])]
+        return [optimizers[0], adam([*module.D.parameters(), next(module.G.parameters())])]
 
     planted_optimizers(monkeypatch, with_a_g_weight)
     with pytest.raises(AuditError, match=r"^D's optimizer holds G\.net\.\d+\.weight, which is not D's"):
@@ -128,7 +132,7 @@ def test_an_optimizer_that_holds_the_other_networks_weights_is_caught(tmp_path, 
 def test_an_optimizer_that_misses_a_weight_of_its_network_is_caught(tmp_path, monkeypatch):
     """Planted: D's optimizer built without D's last parameter, which then gets gradients and never moves."""
     def without_the_last(module, optimizers):
-        return [optimizers[0], module.make_optimizers[1](list(module.D.parameters())[:-1])]
+        return [optimizers[0], adam(list(module.D.parameters())[:-1])]
 
     planted_optimizers(monkeypatch, without_the_last)
     with pytest.raises(AuditError, match=r"^D's optimizer does not hold D\.net\.\d+\.bias: the D update cannot "

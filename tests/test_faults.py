@@ -63,7 +63,7 @@ def test_a_diverged_run_resumes_from_its_last_checkpoint_with_the_lower_learning
 
     rates = LearningRates()
     cfg = compose_config(*TINY, *LECAM, f"ckpt_path={last}", "optim.d.lr=1e-4", "optim.g.lr=5e-5", run_dir=run)
-    module = train(cfg, probes=[rates])
+    module = train(cfg, probes=[rates]).module
     assert module.counters.g == 6 and rates.seen == [[5e-5, 1e-4]] * 3  # every step of the resumed run
     saved = torch.load(last, weights_only=True)
     assert [g["lr"] for s in saved["optimizer_states"] for g in s["param_groups"]] == [5e-5, 1e-4]
@@ -98,7 +98,7 @@ def test_nonfinite_gradients_with_a_finite_loss_name_the_backward(tmp_path):
                ["state_dict"]["counters.g_updates"]) == 1
     # Skipped instead: that G update only. (The audit refuses the infinite gradient norm logged at that step.)
     cfg = compose_config(*TINY, "train.skip_nonfinite=true", "audit=false", run_dir=tmp_path / "skipping")
-    module = train(cfg, probes=[NonfiniteGradient()])
+    module = train(cfg, probes=[NonfiniteGradient()]).module
     assert (int(module.counters.skipped_g), int(module.counters.skipped_d), module.counters.g) == (1, 0, 6)
 
 

@@ -46,9 +46,9 @@ class Watch(Probe):
 
 
 def fit(tmp_path, steps: int, probes: list[Probe], *overrides: str) -> GANModule:
-    """The real training loop on a tiny config, ``steps`` generator steps."""
+    """The real training loop on a tiny config, ``steps`` generator steps; the trained module."""
     return train(compose_config("debug=tiny", "audit=false", "trainer.enable_progress_bar=false",
-                                f"trainer.max_steps={steps}", *overrides, run_dir=tmp_path), probes=probes)
+                                f"trainer.max_steps={steps}", *overrides, run_dir=tmp_path), probes=probes).module
 
 
 def same(a: dict, b: dict) -> bool:
@@ -139,7 +139,7 @@ def test_evaluating_restores_mixed_modes():
 
 def run_tiny(tmp_path, *overrides: str) -> GANModule:
     return train(compose_config("debug=tiny", "trainer.enable_progress_bar=false", "trainer.max_steps=2",
-                                *overrides, run_dir=tmp_path))
+                                *overrides, run_dir=tmp_path)).module
 
 
 def test_channels_last_puts_conv_weights_in_nhwc_and_trains(tmp_path):

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from gan.core.models import g_condition
 from gan.core.state import EMAGenerator, RunningMean, StepCounters
 from gan.data.datasets import data_shape
-from gan.run.build import build_module
+from gan.run.build import build_module, build_optimizers
 from gan.run.module import GANModule
 
 FULL = ["debug=tiny", "augment=ada", "reg=lecam", "model.spectral_norm=true", "model.conditional=true"]
@@ -38,7 +38,8 @@ def test_every_buffer_is_saved_and_never_optimized():
     # No buffer is persistent=False: each one is state a resumed run needs.
     assert set(buffers) <= set(state)
     trained = {id(p) for p in [*module.G.parameters(), *module.D.parameters()]}
-    optimized = {id(p) for opt in module.configure_optimizers()[0] for g in opt.param_groups for p in g["params"]}
+    optimizers = build_optimizers(module, module.cfg["optim"], 1)[0]
+    optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     everything = {id(p) for p in module.parameters()}  # the EMA copy is not even a parameter
     for name, buffer in buffers.items():
         assert id(buffer) not in trained | optimized | everything, name

@@ -117,7 +117,7 @@ def fit_on_gpu(tmp_path, steps: int, probes: list, *overrides: str):
     cfg = compose_config("debug=tiny", "audit=false", "log.every=1000", "log.sample_every=1000",
                          "checkpoint.every=1000", "trainer.accelerator=gpu", "trainer.enable_progress_bar=false",
                          f"trainer.max_steps={steps}", *overrides, run_dir=tmp_path)
-    return train(cfg, probes=probes)
+    return train(cfg, probes=probes).module
 
 
 @needs_cuda

@@ -48,7 +48,7 @@ from gan.config.eval_settings import FEATURES, EvalSettings
 from gan.errors import ConfigError, unknown_key
 
 RESUME_POLICIES = ("applied", "refused", "fixed", "free", "ignored")
-# optim.decay: the learning rates over a run (gan/run/module.py configure_optimizers).
+# optim.decay: the learning rates over a run (gan/run/build.py build_optimizers).
 LR_DECAYS = ("constant", "linear")
 
 

@@ -1,4 +1,4 @@
-"""The one builder: the module (networks, objective, EMA, optimizers) a composed config describes, as
+"""The one builder: the module (networks, objective, EMA) and the optimizers a composed config describes, as
 training (gan/training/loop.py) builds it and evaluation rebuilds it from a checkpoint. Everything below
 it is built from plain arguments."""
 
@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 from hydra.utils import instantiate
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
 
 from gan.core.augment import build_augment
 from gan.core.losses import get_loss
@@ -29,8 +31,7 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Conditi
                           build_augment(cfg["augment"], shape), gp_weight, condition, shape, d_classifies(cfg["model"]))
     ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
     images = not is_points(shape)
-    channels_last = bool(cfg["data"]["channels_last"]) and images
-    if channels_last:  # NHWC weights (and batches), which oneDNN's and cuDNN's convolutions prefer
+    if uses_channels_last(cfg, shape):  # NHWC weights (and batches), which oneDNN's and cuDNN's convolutions prefer
         G.to(memory_format=torch.channels_last)
         D.to(memory_format=torch.channels_last)
     if cfg["train"]["compile"]:  # in place (Module.compile): the state_dict keys stay; the EMA copy stays eager
@@ -41,17 +42,36 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Conditi
     rows = len(condition.seen)
     n = (cfg["log"]["num_points"] if not images else
          rows * cfg["log"]["samples_per_class"] if rows else cfg["log"]["num_samples"])
-    return GANModule(
-        G, D, objective, ema=ema,
-        optimizers=(instantiate(cfg["optim"]["g"]), instantiate(cfg["optim"]["d"])),
-        lr_decay=cfg["optim"]["decay"], max_steps=cfg["trainer"]["max_steps"],
-        z_dim=z_dim, d_steps=cfg["loss"]["d_steps"], batch_size=cfg["data"]["batch_size"],
-        log_every=cfg["log"]["every"],
+    module = GANModule(
+        G, D, objective, ema=ema, z_dim=z_dim, data_shape=shape, condition=condition,
         sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
-        sample_labels=condition.cycle(n), data_shape=shape, condition=condition,
-        channels_last=channels_last,
-        audit=bool(cfg["audit"]),
+        sample_labels=condition.cycle(n),
         hparams={"cfg": cfg, "data_shape": list(shape), "condition": condition.as_dict()})
+    module.audit = bool(cfg["audit"])
+    return module
+
+
+def uses_channels_last(cfg: dict[str, Any], shape: tuple[int, ...]) -> bool:
+    """Whether the networks and the real batches are NHWC: ``data.channels_last``, for images."""
+    return bool(cfg["data"]["channels_last"]) and not is_points(shape)
+
+
+def build_optimizers(module: GANModule, optim: dict[str, Any], max_steps: int) -> tuple[list[Optimizer],
+                                                                                        list[LambdaLR]]:
+    """One optimizer each for ``module``'s G and D from the config's ``optim`` section, in that order; with
+    ``optim.decay=linear`` a schedule each, whose learning rate falls linearly to 0 at generator step
+    ``max_steps``, stepped once per generator step.
+
+    torch's LambdaLR with the factor a function of the step alone, ``1 - step / max_steps``: the checkpoint holds
+    the step, so a resumed run continues on the line of its own ``trainer.max_steps`` (LinearLR would multiply its
+    way there step by step instead).
+    """
+    # Frozen parameters (finetune.freeze_*) are left out: an optimizer holding them would keep state for them.
+    optimizers = [instantiate(optim[name])([p for p in network.parameters() if p.requires_grad])
+                  for name, network in (("g", module.G), ("d", module.D))]
+    if optim["decay"] == "constant":
+        return optimizers, []
+    return optimizers, [LambdaLR(o, lambda s: max(0.0, 1.0 - s / max_steps)) for o in optimizers]
 
 
 def penalty_weight(loss: dict[str, Any]) -> float:

@@ -74,14 +74,14 @@ def expected_to_change(D: nn.Module) -> set[str]:
 class AutogradAudit:
     """Checks the detach / freeze split of every D and G update of a :class:`GANModule` trained with the
     optimizers ``opt_g`` and ``opt_d``. Which update a backward or an optimizer step belongs to is read
-    from the step's own record of its phases (``phases``: gan/core/phases.py), not guessed. ``scaler``: float16's
-    GradScaler, or None. The loop calls :meth:`step_start`, :meth:`before_backward` and :meth:`step_end`;
-    the optimizers' step hooks and G's and D's forward pre-hooks, registered here, do the rest, and
-    :meth:`close` removes them."""
+    from the step's own record of its phases (``phases``: gan/core/phases.py), not guessed; ``d_steps``: D's
+    updates per generator step (loss.d_steps). ``scaler``: float16's GradScaler, or None. The loop calls
+    :meth:`step_start`, :meth:`before_backward` and :meth:`step_end`; the optimizers' step hooks and G's and D's
+    forward pre-hooks, registered here, do the rest, and :meth:`close` removes them."""
 
-    def __init__(self, module: Any, opt_g: Optimizer, opt_d: Optimizer, phases: StepPhases,
+    def __init__(self, module: Any, opt_g: Optimizer, opt_d: Optimizer, phases: StepPhases, d_steps: int,
                  scaler: Any = None):
-        self.module, self.phases, self.scaler = module, phases, scaler
+        self.module, self.phases, self.d_steps, self.scaler = module, phases, d_steps, scaler
         self.updates = {id(opt_g): "G", id(opt_d): "D"}
         self.steps = {"G": 0, "D": 0}
         # The networks' parameters and buffers are the same objects for the whole run: listed once here.
@@ -164,7 +164,7 @@ class AutogradAudit:
             lrs = sorted({group["lr"] for group in optimizer.param_groups})
             raise AuditError(f"the {network} update moved none of {network}'s weights (learning rate {lrs}): "
                              f"its optimizer must step {network}'s parameters with their gradients")
-        if network == "D" and self.phases.d_update == self.module.d_steps - 1:
+        if network == "D" and self.phases.d_update == self.d_steps - 1:
             self.d_state.take(self.d_kept)
 
     def check_frozen(self, network: str) -> None:
@@ -206,7 +206,7 @@ class AutogradAudit:
         require_gradients(self.named["G"], "G", ": the G loss must reach every weight of G through the undetached fake")
 
     def step_end(self) -> None:
-        expected = {"D": self.module.d_steps, "G": 1}
+        expected = {"D": self.d_steps, "G": 1}
         for network, count in expected.items():
             # float16's GradScaler does not call an optimizer that takes no found_inf when it skips its step.
             if self.steps[network] != count and self.scaler is None:

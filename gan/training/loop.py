@@ -34,7 +34,7 @@ from gan.data.datasets import data_shape, is_points, mixture_means, num_classes,
 from gan.data.loader import GANData
 from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
-from gan.run.build import build_module
+from gan.run.build import build_module, build_optimizers, uses_channels_last
 from gan.run.checkpoint import save_checkpoint
 from gan.run.finetune import start_from
 from gan.run.hold import TRAIN_FIX, holding
@@ -63,10 +63,10 @@ class Probe:
     def on_end(self, run: Training) -> None: ...
 
 
-def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> GANModule:
-    """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns its module, with the
-    last logged losses and metrics in ``module.last_losses`` and ``module.last_metrics``. The run directory
-    is held while it trains: another process that would write there is refused (gan/run/hold.py)."""
+def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> Training:
+    """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the run: its ``module``, and
+    the last logged losses and metrics in ``last_losses`` and ``last_metrics``. The run directory is held while it
+    trains: another process that would write there is refused (gan/run/hold.py)."""
     run_dir = Path(cfg.paths.run_dir)
     check_writable(run_dir)
     threads = torch.get_num_threads()
@@ -89,16 +89,16 @@ def train_task(cfg: DictConfig) -> float | None:
     if cfg.get("metric") is None and "optuna" in str(launched_by("sweeper").get("_target_", "")):
         raise ConfigError("hydra/sweeper=optuna optimises the number train.py returns: set metric=<a logged scalar>, "
                           "e.g. metric=metrics/fid eval.every=<trainer.max_steps>, or use a preset: search=ring")
-    module = train(cfg)
-    if cfg.get("metric") is None or module.global_rank != 0:  # DDP: rank 0 alone measures, and reports
+    run = train(cfg)
+    if cfg.get("metric") is None or not run.zero:  # DDP: rank 0 alone measures, and reports
         return None
-    return returned_metric(module, cfg.metric)
+    return returned_metric(run, cfg.metric)
 
 
-def returned_metric(module: GANModule, name: str) -> float:
+def returned_metric(run: Training, name: str) -> float:
     """The last logged value of ``name`` (``loss/d``, ``loss/g`` or ``metrics/<name>``); a RunError if the run
     never logged it."""
-    logged = {**module.last_losses, **module.last_metrics}
+    logged = {**run.last_losses, **run.last_metrics}
     if name not in logged:
         names = ", ".join(sorted(logged)) or "nothing"
         raise RunError(f"metric={name} was not logged by this run (it logged {names}): choose one of those")
@@ -120,7 +120,8 @@ class Training:
     """One run as the loop holds it, built by :func:`build`: its config (``cfg``, and ``container``: the same
     as plain values), Fabric, the data, ``module`` (the networks and their state, as saved), the optimizers and
     schedules, ``G`` and ``D`` as the step runs them (their DDP wrappers under trainer=ddp, else the networks
-    themselves), the step's record of its phases and the timer reading it, and the run's outputs."""
+    themselves), the step's record of its phases and the timer reading it, the run's outputs, and what it logged
+    last (``last_losses``: loss/d and loss/g; ``last_metrics``: the last evaluation's metrics/*)."""
 
     def __init__(self, cfg: DictConfig, fabric: Fabric, data: GANData, module: GANModule):
         self.cfg, self.container = cfg, OmegaConf.to_container(cfg, resolve=True)
@@ -128,7 +129,12 @@ class Training:
         self.fabric, self.data, self.module = fabric, data, module
         self.zero = fabric.is_global_zero  # rank 0 logs, samples, measures and writes for every rank
         self.loggers = fabric.loggers if self.zero else []
+        # What the step reads each time, as plain values: a config read costs microseconds.
+        self.d_steps, self.batch_size = cfg.loss.d_steps, cfg.data.batch_size
+        self.channels_last = uses_channels_last(self.container, module.data_shape)  # NHWC batches, as the networks
         self.progress: Progress | None = None  # the console's progress bar, made as the steps start
+        self.last_losses: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
 
 
 def build(start: Start) -> Training:
@@ -141,7 +147,6 @@ def build(start: Start) -> Training:
     data = GANData(container["data"], cfg.data.batch_size, cfg.loss.d_steps, cfg.seed, start.dataset)
     module, lines = networks(start, container, data)
     run = Training(cfg, fabric, data, module)
-    module.global_rank = fabric.global_rank
     if run.zero:
         for line in lines:
             log.info(line)
@@ -190,7 +195,7 @@ def place(run: Training) -> None:
     if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
     run.module = module = precision.convert_module(module).to(fabric.device)  # *-true: the weights in that dtype
-    run.optimizers, run.schedules = module.configure_optimizers()
+    run.optimizers, run.schedules = build_optimizers(module, run.container["optim"], cfg.trainer.max_steps)
     run.scaler = getattr(precision, "scaler", None)  # float16's GradScaler (trainer.precision=16-mixed), else None
     # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
     run.step_optimizers = fabric.setup_optimizers(*run.optimizers) if run.scaler is not None else tuple(run.optimizers)
@@ -208,11 +213,11 @@ def observe(run: Training) -> None:
     run.timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
     run.phases = phases = StepPhases(run.timer)
     phases.profiled = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
-    run.guard = guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, module.d_steps, run.scaler,
+    run.guard = guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, run.d_steps, run.scaler,
                                        lambda ok: fabric.strategy.reduce_boolean_decision(ok, all=True))
     for optimizer in run.optimizers:  # before the audit's hooks: the audit sees the guard's verdict
         optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
-    run.audit = AutogradAudit(module, *run.optimizers, phases, run.scaler) if cfg.audit else None
+    run.audit = AutogradAudit(module, *run.optimizers, phases, run.d_steps, run.scaler) if cfg.audit else None
     points = is_points(module.data_shape)
     run.samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(run.loggers), run.zero,
                           real_points_for_plot(run.data.dataset) if points else None,
@@ -317,12 +322,12 @@ def at_start(run: Training) -> None:
 
 def run_step(run: Training, batch: tuple[Tensor, Tensor]) -> step.StepResult:
     """One generator step on ``batch``: ``loss.d_steps`` D updates, then G's (gan/core/step.py)."""
-    module, objective, scaler = run.module, run.module.objective, run.scaler
-    images = batch[0].contiguous(memory_format=torch.channels_last) if module.channels_last else batch[0]
-    reals = images.chunk(module.d_steps)
+    module, objective, scaler, d_steps = run.module, run.module.objective, run.scaler, run.d_steps
+    images = batch[0].contiguous(memory_format=torch.channels_last) if run.channels_last else batch[0]
+    reals = images.chunk(d_steps)
     kind = module.condition.kind
     labels = ([module.latent_code(len(real)) for real in reals] if kind == "code" else
-              batch[1].chunk(module.d_steps) if kind == "classes" else [None] * module.d_steps)
+              batch[1].chunk(d_steps) if kind == "classes" else [None] * d_steps)
     # One (noise, real, labels) per D update; the last batch's G forward also serves G's update.
     batches = [step.Batch(module.noise(len(real)), real, y) for real, y in zip(reals, labels)]
     done = module.counters.d  # the run's D updates before this step: its k-th is the run's number done + k
@@ -354,7 +359,7 @@ def update_statistics(run: Training, result: step.StepResult) -> None:
     for d in result.d:
         module.counters.count_d_step()
         module.objective.observe(d)
-    module.counters.count_g_step(module.batch_size * run.fabric.world_size)  # real images, over all processes
+    module.counters.count_g_step(run.batch_size * run.fabric.world_size)  # real images, over all processes
     for schedule in run.schedules:  # optim.decay=linear: one schedule per optimizer
         schedule.step()
     broadcast_buffers(module.G, module.D)  # DDP: rank 0's BatchNorm statistics on every rank, before EMA copies G's
@@ -362,7 +367,7 @@ def update_statistics(run: Training, result: step.StepResult) -> None:
         module.ema.update(module.G, module.counters.g)
     augment = module.objective.augment
     if augment is not None and module.counters.g % augment.interval == 0:
-        augment.adjust(module.batch_size * run.fabric.world_size)
+        augment.adjust(run.batch_size * run.fabric.world_size)
 
 
 def after_step(run: Training, result: step.StepResult, g: int, logged: bool, stop: bool) -> None:
@@ -371,21 +376,22 @@ def after_step(run: Training, result: step.StepResult, g: int, logged: bool, sto
     module = run.module
     if logged:
         run.guard.read()  # a bad update stops the run before it is logged
-        log_step(module, result, run.loggers)
+        log_step(run, result)
     if run.audit is not None:
         run.audit.step_end()
     run.checkpoints.after_step(g, stop)
     run.samples.after_step(module)
     if run.metrics is not None:
         run.metrics.after_step(module)
-        module.last_metrics = run.metrics.last
+        run.last_metrics = run.metrics.last
     if run.progress is not None:
-        run.progress.after_step(module.last_losses, logged)
+        run.progress.after_step(run.last_losses, logged)
 
 
-def log_step(module: GANModule, result: step.StepResult, loggers: list[Any]) -> None:
+def log_step(run: Training, result: step.StepResult) -> None:
     """The step's scalars to the loggers, read from the device in one transfer: one host-device sync per
     logging step, plain floats to the loggers, and no tensor that could keep a graph alive."""
+    module = run.module
     d, objective = result.d[-1], module.objective
     values = {
         "loss/d": d.loss, "loss/g": result.g_loss,
@@ -399,9 +405,9 @@ def log_step(module: GANModule, result: step.StepResult, loggers: list[Any]) -> 
     numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
     if module.audit:
         check_plain_numbers(numbers)
-    for logger in loggers:  # TensorBoard's x axis is generator steps
+    for logger in run.loggers:  # TensorBoard's x axis is generator steps
         logger.log_metrics(numbers, step=module.counters.g)
-    module.last_losses = {k: v for k, v in numbers.items() if k.startswith("loss/")}
+    run.last_losses = {k: v for k, v in numbers.items() if k.startswith("loss/")}
 
 
 def agree_to_stop(fabric: Fabric, requested: bool) -> bool:
@@ -439,17 +445,17 @@ def close(run: Training, status: str) -> None:
         logger.finalize(status)
 
 
-def finish(run: Training) -> GANModule:
+def finish(run: Training) -> Training:
     """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, which says how to resume."""
     module, run_dir, stopped_by = run.module, run.run_dir, run.checkpoints.stopped_by
     if run.zero:
-        log_summary(module, run_dir, stopped_by)
+        log_summary(run, stopped_by)
     if stopped_by:
         last = run_dir / "checkpoints" / "last.ckpt"
         raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in "
                           f"{last}: resume with the same overrides and {shlex.quote(f'ckpt_path={last}')}",
                           run.checkpoints.exit_code)
-    return module
+    return run
 
 
 def write_checkpoint(run: Training, path: Path) -> None:
@@ -484,10 +490,10 @@ def describe_networks(module: GANModule) -> str:
     return "\n".join(lines)
 
 
-def log_summary(module: GANModule, run_dir: Path, stopped_by: str | None = None) -> None:
+def log_summary(run: Training, stopped_by: str | None = None) -> None:
     """What the run did and where to look next: on the console and in the run's log file (train.log)."""
-    steps = module.counters.g
-    losses = [f"{name} {value:.4g}" for name, value in module.last_losses.items()]
+    steps, run_dir = run.module.counters.g, run.run_dir
+    losses = [f"{name} {value:.4g}" for name, value in run.last_losses.items()]
     # The loop logs the last step it trains: none logged means none trained (a resume at trainer.max_steps).
     final = f"final losses {', '.join(losses)} (generator step {steps})" if losses else "no generator step trained"
     how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
