@@ -614,3 +614,75 @@ def test_blocks_main_reports_a_block_stale_exactly_when_an_input_changed_beyond_
         report["docs/x.md#value"]
     assert report["docs/x.md#comment"].startswith("ok ")  # a YAML comment rewritten changes no number
     assert report["docs/x.md#untouched"].startswith("ok ")
+
+
+# --- The house: docs/layout.svg is drawn from the code, and the README's Layout block names what gan/ holds ---------
+
+
+def test_the_layout_picture_is_what_tools_layout_py_draws_now():
+    """docs/layout.dot (rendered as docs/layout.svg, the picture in docs/design.md) cannot go stale: regenerate it
+    with `python tools/layout.py`. Graphviz is not run here: the .dot is the picture's source."""
+    sys.path.insert(0, str(ROOT))
+    from tools import layout
+
+    drawn = layout.dot()
+    assert (ROOT / "docs" / "layout.dot").read_text(encoding="utf-8") == drawn, \
+        "docs/layout.dot is stale: python tools/layout.py"
+    assert '"gan.core.step" -> "gan.core.contexts"' in drawn  # the imports are read: the step imports contexts
+    assert 'ltail="cluster_training", lhead="cluster_core"' in drawn  # and counted between folders
+    assert [p.name for p in layout.PHASES] == re.findall(r'phase_\d+ \[label="(\w+)\\n', drawn)  # in order
+
+
+def readme_layout() -> dict[str, str]:
+    """The README's Layout block under ``gan/``: each entry's name (``core/``, ``errors.py, cli.py``) and its text,
+    its continuation lines joined on. An entry is indented two spaces, its name set off from its text by two."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    entries: dict[str, str] = {}
+    name = ""
+    for line in lines[[line.rstrip() for line in lines].index("gan/") + 1:]:
+        if not line.startswith("  "):  # back at the top level (tools/, tests/, ...)
+            break
+        if line.startswith("   "):
+            entries[name] += " " + line.strip()
+        else:
+            name, _, text = re.split(r"(\s{2,}|$)", line.strip(), maxsplit=1)
+            entries[name] = text.strip()
+    return entries
+
+
+def unbracketed(text: str) -> str:
+    """``text`` without its asides in parentheses, nested ones included."""
+    while (shorter := re.sub(r"\([^()]*\)", "", text)) != text:
+        text = shorter
+    return text
+
+
+def modules_of(folder: Path) -> set[str]:
+    return {p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")}
+
+
+def test_the_readme_layout_names_every_folder_and_module_of_gan_and_nothing_else():
+    """Each folder of gan/ has its entry, whose text names each of its modules (``loader`` or ``loader.py``); a
+    ``name.py`` there is a module of it (or one of the entry points, train.py or evaluate.py), and so is a bare
+    word standing alone in its lists. gan/'s own modules are the names of the other entries."""
+    entries = readme_layout()
+    package = ROOT / "gan"
+    folders = {p.name for p in package.iterdir() if p.is_dir() and modules_of(p)}
+    named = {name.removesuffix("/") for name in entries if name.endswith("/")}
+    problems = [f"gan/{f}/ has no entry" for f in sorted(folders - named)]
+    problems += [f"{f}/ is not a folder of gan/" for f in sorted(named - folders)]
+    for folder in sorted(folders & named):
+        text, modules = entries[f"{folder}/"], modules_of(package / folder)
+        problems += [f"gan/{folder}/: {m} is not named" for m in sorted(modules)
+                     if not re.search(rf"(?<![\w.]){m}(?:\.py)?(?!\w)", text)]
+        files = re.findall(r"(?<![\w./])(\w+)\.py\b", text)
+        problems += [f"gan/{folder}/: {f}.py does not exist" for f in files
+                     if f not in modules and not (ROOT / f"{f}.py").is_file()]
+        items = [item.strip() for item in re.split(r"[,;:]", unbracketed(text))]
+        problems += [f"gan/{folder}/: {item} is not a module of it" for item in items
+                     if re.fullmatch(r"[a-z_][a-z0-9_]*", item) and item not in modules]
+    own = {f.removesuffix(".py") for name in entries if not name.endswith("/") for f in re.split(r",\s*", name)}
+    problems += [f"gan/{m}.py is not named" for m in sorted(modules_of(package) - own)]
+    problems += [f"gan/{m}.py does not exist" for m in sorted(own - modules_of(package))]
+    assert not problems, "README.md's Layout block:\n" + "\n".join(problems)

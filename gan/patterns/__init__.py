@@ -9,6 +9,6 @@ on the project's own code and returns what it measured next to what it expects:
     gan_step.py    the GAN step: freezing D, detaching the fake, D's logits across opt_d.step(), conditioning
     evaluation.py  evaluating without a graph: volatile, no_grad, inference_mode
     cuda.py        timing CUDA work, non_blocking copies (skipped on a CPU)
-    cli.py         every claim in table order (DEMOS) and the markdown table
+    claims.py      every claim in table order (DEMOS) and the markdown table
     graph.py       ``python -m gan.patterns graph``: pictures of one training step's autograd graphs
 """
