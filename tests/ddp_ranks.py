@@ -2,11 +2,13 @@
 
 ``python tests/ddp_ranks.py <train.py's overrides>`` trains exactly as train.py does (the same Hydra config,
 the same gan.training.loop.train), with a probe: rank r writes ``<run dir>/ranks/rank<r>.pt``. Fabric's DDP
-launcher starts the other ranks by running this same command again, as it does for train.py.
+launcher starts the other ranks by running this same command again, as it does for train.py. With
+``RANK0_FAILS_AT=<step>`` in the environment, rank 0 alone raises at the start of that generator step.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,8 @@ class RankRecorder(Probe):
         self.record["ema_forwards"] += 1
 
     def on_step_start(self, run: Any, batch: Any) -> None:
+        if self.rank == 0 and str(run.module.counters.g + 1) == os.environ.get("RANK0_FAILS_AT"):
+            raise RuntimeError("rank 0 fails alone (RANK0_FAILS_AT)")
         self.record["batches"].append(batch[0].clone())
         self.record["d_outputs"].append([])  # this step's D forwards, in order
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,21 @@ def test_find_unused_fallback_trains_bit_identically(separate_ddp, tmp_path):
                                       "D": ("DistributedDataParallel", True, True)}
     separate = separate_ddp[1][0]["final"]
     assert [k for k in separate if not torch.equal(separate[k], ranks[0]["final"][k])] == []
+
+
+def test_a_rank_that_fails_alone_ends_the_ranks_it_started(tmp_path):
+    """Rank 0 raises at its second step while rank 1 waits for it in that step's first collective: rank 0 kills
+    the process Fabric's launcher started for rank 1, rather than leave it waiting out the collective's timeout
+    (gloo's: 30 minutes)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK0_FAILS_AT": "2"}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "tests/ddp_ranks.py", "trainer=ddp", *TINY, "trainer.accelerator=cpu",
+                          f"trainer.devices={RANKS}", "eval.every=0", f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode != 0 and "rank 0 fails alone" in out.stderr
+    assert time.monotonic() - started < 120
+    left = subprocess.run(["pgrep", "-f", f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True)
+    assert left.stdout.split() == []  # no rank left behind
 
 
 def test_plain_ddp_and_cpu_sync_batchnorm_are_refused_with_the_fix():

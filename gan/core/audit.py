@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gan.core.torch_private import foreach_copy_
+
 
 class AuditError(AssertionError):
     """The training code broke an autograd rule this project relies on."""
@@ -44,7 +46,7 @@ class Snapshot:
         """Copy the values of ``tensors`` (the names, shapes and dtypes this snapshot was made with) in."""
         if self.smallest_first:
             with torch.no_grad():  # copies of the values, not part of any graph
-                torch._foreach_copy_([self.copies[name] for name in self.smallest_first],
+                foreach_copy_([self.copies[name] for name in self.smallest_first],
                                      [tensors[name] for name in self.smallest_first])
 
     def first_difference(self, tensors: dict[str, Tensor | None]) -> str | None:

@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gan.core.torch_private import foreach_copy_
+
 
 def world_size() -> int:
     """The number of processes training together: torch.distributed's world size, 1 without it."""
@@ -35,4 +37,4 @@ def broadcast_buffers(*modules: nn.Module) -> None:
         flat = torch.cat([b.flatten() for b in buffers])
         dist.broadcast(flat, src=0)
         pieces = flat.split([b.numel() for b in buffers])
-        torch._foreach_copy_(buffers, [piece.view_as(b) for b, piece in zip(buffers, pieces)])
+        foreach_copy_(buffers, [piece.view_as(b) for b, piece in zip(buffers, pieces)])

@@ -21,6 +21,7 @@ from gan.core.models import UNCONDITIONAL, Condition, condition_input
 from gan.core.regularizers import Regularizer
 from gan.core.state import RunningMean
 from gan.core.step import DUpdate
+from gan.core.torch_private import flag_nonfinite
 
 
 class Objective(nn.Module):
@@ -100,7 +101,7 @@ class Objective(nn.Module):
         # torch's fused non-finite check (GradScaler's, with a scale of 1: the values stay as they are): one
         # kernel sets the flag if any element is inf or NaN, where isfinite() would take several per tensor.
         nonfinite, one = (torch.full((), v, dtype=torch.float32, device=d.loss.device) for v in (0.0, 1.0))
-        torch._amp_foreach_non_finite_check_and_unscale_(list(d), nonfinite, one)
+        flag_nonfinite(list(d), nonfinite, one)
         finite = nonfinite == 0
         real, fake = d.real_logits.mean(), d.fake_logits.mean()
         self.d_real_mean.update(real, finite)

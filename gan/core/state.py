@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from gan.core.distributed import sum_over_ranks, world_size
+from gan.core.torch_private import foreach_lerp_
 
 
 class StepCounters(nn.Module):
@@ -133,7 +134,7 @@ class EMAGenerator(nn.Module):
             self.pairs = (generator, *self.pair_with(generator))
         _, averages, weights, copies, buffers = self.pairs
         # One fused call for all weights rather than one lerp_ (and its dispatch) per tensor.
-        torch._foreach_lerp_(averages, weights, self.weight(g_step))
+        foreach_lerp_(averages, weights, self.weight(g_step))
         for copy_, buffer in zip(copies, buffers):
             copy_.copy_(buffer)
 

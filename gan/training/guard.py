@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from gan.core.state import StepCounters
+from gan.core.torch_private import flag_nonfinite, foreach_norm
 from gan.errors import RunError
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class NonFiniteGuard:
             return
         finite = torch.isfinite(self.loss)
         if grads and scaler is None:
-            finite = finite & torch.stack(torch._foreach_norm(grads)).isfinite().all()
+            finite = finite & torch.stack(foreach_norm(grads)).isfinite().all()
         # Judged now, with one host read: an optimizer that takes no found_inf cannot skip on the device.
         ok = bool(finite.item())
         if scaler is not None:  # each rank judged its own loss: all must agree (DDP; nothing on one device)
@@ -139,8 +140,8 @@ class Window:
         self.now.zero_()
         # torch's fused non-finite check (GradScaler's, with a scale of 1): it sets a flag to 1 if any
         # element of the tensors is inf or NaN, in one kernel over all of them.
-        torch._amp_foreach_non_finite_check_and_unscale_([*grads, loss], self.bad_update, self.one)
-        torch._amp_foreach_non_finite_check_and_unscale_([loss], self.bad_loss, self.one)
+        flag_nonfinite([*grads, loss], self.bad_update, self.one)
+        flag_nonfinite([loss], self.bad_loss, self.one)
         torch.maximum(self.seen, self.now, out=self.seen)  # 1 from the first bad update on
         self.tally.add_(self.flags)
         return self.bad_update

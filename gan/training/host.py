@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from gan.core.torch_private import cpu_has_bf16_units
+
 
 def launched_by(node: str) -> DictConfig:
     """Hydra's ``hydra.<node>`` config (``launcher``, ``sweeper``) of the job running now; empty outside Hydra
@@ -99,7 +101,7 @@ def slow_bf16_warning(device: torch.device, precision: str) -> str | None:
     kernels dispatch on; on other CPUs they answer False, hence "may" in the line."""
     if device.type != "cpu" or not precision.startswith("bf16"):
         return None
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+    if cpu_has_bf16_units():
         return None
     return (f"trainer.precision={precision} on a CPU without AVX512-BF16 or AMX instructions: bf16 convolutions may "
             "run several times slower than float32 here; add trainer.precision=32-true to train in float32")

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import logging
 import shlex
-import signal
 from collections.abc import Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric import Fabric
-from lightning.fabric.plugins import Precision
 from lightning.fabric.strategies import DDPStrategy
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
@@ -41,6 +38,16 @@ from gan.run.hold import TRAIN_FIX, holding
 from gan.run.module import GANModule, grad_norm
 from gan.training.autograd_audit import AutogradAudit
 from gan.training.checks import SEPARATE_DDP, Start, check_resumable, check_writable, checked
+from gan.training.fabric_adapter import (
+    autocast,
+    every_rank,
+    kill_other_ranks,
+    load_precision_state,
+    loss_scaler,
+    placed,
+    precision_state,
+    wrapped,
+)
 from gan.training.guard import NonFiniteGuard
 from gan.training.host import launched_by, no_gpu_probe_per_step, slow_bf16_warning, torch_threads
 from gan.training.loggers import build_loggers, summary_writer
@@ -190,20 +197,17 @@ def place(run: Training) -> None:
         log.info(f"networks:\n{describe_networks(run.module)}")
         if warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision)):
             log.warning(warning)
-    precision = run.precision = fabric.strategy.precision
     module = run.module
     if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
-    run.module = module = precision.convert_module(module).to(fabric.device)  # *-true: the weights in that dtype
+    run.module = module = placed(fabric, module)
     run.optimizers, run.schedules = build_optimizers(module, run.container["optim"], cfg.trainer.max_steps)
-    run.scaler = getattr(precision, "scaler", None)  # float16's GradScaler (trainer.precision=16-mixed), else None
+    run.scaler = loss_scaler(fabric)
     # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
     run.step_optimizers = fabric.setup_optimizers(*run.optimizers) if run.scaler is not None else tuple(run.optimizers)
-    run.autocast = nullcontext if type(precision) is Precision else precision.forward_context  # 32-true: none
+    run.autocast = autocast(fabric)
     # trainer=ddp: one DistributedDataParallel each for G and D (see configs/trainer/ddp.yaml for why).
-    ddp = isinstance(fabric.strategy, DDPStrategy)
-    run.G, run.D = ((fabric.strategy.setup_module(module.G), fabric.strategy.setup_module(module.D)) if ddp
-                    else (module.G, module.D))
+    run.G, run.D = wrapped(fabric, module.G), wrapped(fabric, module.D)
 
 
 def observe(run: Training) -> None:
@@ -214,7 +218,7 @@ def observe(run: Training) -> None:
     run.phases = phases = StepPhases(run.timer)
     phases.profiled = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
     run.guard = guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, run.d_steps, run.scaler,
-                                       lambda ok: fabric.strategy.reduce_boolean_decision(ok, all=True))
+                                       lambda ok: every_rank(fabric, ok, all=True))
     for optimizer in run.optimizers:  # before the audit's hooks: the audit sees the guard's verdict
         optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
     run.audit = AutogradAudit(module, *run.optimizers, phases, run.d_steps, run.scaler) if cfg.audit else None
@@ -245,7 +249,7 @@ def resume(run: Training, start: Start) -> None:
         for schedule, state in zip(run.schedules, checkpoint.get("lr_schedulers", [])):
             schedule.load_state_dict(state)
         apply_on_resume(run.container["optim"], run.optimizers, run.schedules)  # this config's, not the checkpoint's
-        run.precision.load_state_dict(checkpoint.get("precision", {}))
+        load_precision_state(fabric, checkpoint.get("precision", {}))
         restore_rng(checkpoint["rng"])
     separate_rank_streams(fabric.global_rank)
 
@@ -412,14 +416,7 @@ def log_step(run: Training, result: step.StepResult) -> None:
 
 def agree_to_stop(fabric: Fabric, requested: bool) -> bool:
     """Whether any rank was asked to stop (a signal): one all-reduce of one number under DDP, none on one process."""
-    return fabric.strategy.reduce_boolean_decision(requested, all=False) if fabric.world_size > 1 else requested
-
-
-def kill_other_ranks(fabric: Fabric) -> None:
-    """trainer=ddp on one node: end the processes this one started for the other ranks, if any."""
-    launcher = fabric.strategy.launcher
-    if launcher is not None and hasattr(launcher, "kill") and fabric.world_size > 1:
-        launcher.kill(signal.SIGKILL)
+    return every_rank(fabric, requested, all=False) if fabric.world_size > 1 else requested
 
 
 # --- the end ---------------------------------------------------------------------------------------------------
@@ -475,7 +472,7 @@ def training_state(run: Training) -> dict[str, Any]:
         "optimizer_states": [optimizer.state_dict() for optimizer in run.optimizers],
         "lr_schedulers": [schedule.state_dict() for schedule in run.schedules],
         "hyper_parameters": module.hparams,
-        "precision": run.fabric.strategy.precision.state_dict(),  # float16's loss scale; empty otherwise
+        "precision": precision_state(run.fabric),  # float16's loss scale; empty otherwise
         "rng": rng_state(),
     }
 
