@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, TINY, compose_config, read_events
+from filelock import FileLock
 
 from gan.core.augment import Augment
 from gan.core.state import RunningMean
@@ -38,13 +39,26 @@ def train_on_two_ranks(run_dir: Path, trainer: str) -> list[dict]:
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir / "stdout.txt").write_text(out.stdout)
+    return records(run_dir)
+
+
+def records(run_dir: Path) -> list[dict]:
     return [torch.load(run_dir / "ranks" / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
 
 
-@pytest.fixture(scope="session")  # once per pytest-xdist worker that runs a test of it
-def separate_ddp(tmp_path_factory) -> tuple[Path, list[dict]]:
-    run_dir = tmp_path_factory.mktemp("ddp") / "separate"
-    return run_dir, train_on_two_ranks(run_dir, "ddp")
+@pytest.fixture(scope="session")
+def separate_ddp(tmp_path_factory, worker_id) -> tuple[Path, list[dict]]:
+    """One two-rank run for the whole session: the first pytest-xdist worker to need it trains it, in the session's
+    shared temporary directory, and the other reads it. (pytest-xdist's --dist loadgroup would keep these tests in
+    one worker, but it groups nothing under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if worker_id != "master" else base  # a worker's basetemp sits in the session's
+    run_dir = shared / "ddp" / "separate"
+    with FileLock(str(shared / "ddp.lock")):
+        if (run_dir / "stdout.txt").is_file():
+            return run_dir, records(run_dir)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        return run_dir, train_on_two_ranks(run_dir, "ddp")
 
 
 def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
