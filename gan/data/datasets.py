@@ -260,6 +260,9 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
     if split not in ("train", "test"):
         raise ConfigError(f"data.split={split}: use train or test")
     if name in POINT_DATASETS:
+        if cfg.get("classes") is not None or cfg.get("limit") is not None:
+            raise ConfigError(f"data.classes and data.limit choose images of labelled image data; data={name} draws "
+                              "its 2D points from every mode: drop them (data.num_points sets how many points)")
         # The test split is a fresh draw from the same mixture.
         return mixture_dataset(name, cfg["num_points"], cfg["std"], seed + (split == "test"))
     if name in ("digits", "mnist", "fashion_mnist", "cifar10", "stacked_mnist"):

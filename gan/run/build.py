@@ -31,7 +31,8 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Conditi
                           build_augment(cfg["augment"], shape), gp_weight, condition, shape, d_classifies(cfg["model"]))
     ema = EMAGenerator(G, cfg["ema"]["decay"], cfg["ema"]["start"]) if cfg["ema"]["enabled"] else None
     images = not is_points(shape)
-    if uses_channels_last(cfg, shape):  # NHWC weights (and batches), which oneDNN's and cuDNN's convolutions prefer
+    channels_last = bool(cfg["data"]["channels_last"]) and images
+    if channels_last:  # NHWC weights (and batches), which oneDNN's and cuDNN's convolutions prefer
         G.to(memory_format=torch.channels_last)
         D.to(memory_format=torch.channels_last)
     if cfg["train"]["compile"]:  # in place (Module.compile): the state_dict keys stay; the EMA copy stays eager
@@ -47,13 +48,8 @@ def build_module(cfg: dict[str, Any], shape: tuple[int, ...], condition: Conditi
         sample_noise=torch.randn(n, z_dim, generator=torch.Generator().manual_seed(cfg["seed"])),
         sample_labels=condition.cycle(n),
         hparams={"cfg": cfg, "data_shape": list(shape), "condition": condition.as_dict()})
-    module.audit = bool(cfg["audit"])
+    module.channels_last, module.audit = channels_last, bool(cfg["audit"])
     return module
-
-
-def uses_channels_last(cfg: dict[str, Any], shape: tuple[int, ...]) -> bool:
-    """Whether the networks and the real batches are NHWC: ``data.channels_last``, for images."""
-    return bool(cfg["data"]["channels_last"]) and not is_points(shape)
 
 
 def build_optimizers(module: GANModule, optim: dict[str, Any], max_steps: int) -> tuple[list[Optimizer],

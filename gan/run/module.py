@@ -35,6 +35,7 @@ class GANModule(nn.Module):
         self.cfg = self.hparams.get("cfg", {})  # the run's config, as the checkpoint records it
         self.G, self.D, self.objective, self.ema = G, D, objective, ema
         self.z_dim, self.data_shape, self.condition = z_dim, tuple(data_shape), condition  # (2,) points, (C, H, W)
+        self.channels_last = False  # NHWC weights (data.channels_last): its inputs are made NHWC too
         self.audit = False  # audit=true: sampling is checked too (gan.core.audit.checked_sampling)
         self.counters = StepCounters()
         # Fixed noise (and labels) for sample grids: persistent buffers, so grids stay comparable across resume.

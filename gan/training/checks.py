@@ -18,15 +18,15 @@ from torch.utils.data import Dataset
 from gan.cli import reported
 from gan.config.schema import TrainConfig, conform
 from gan.core.models import d_classifies, g_condition
-from gan.data.datasets import build_dataset, data_shape, is_points, num_classes
+from gan.data.datasets import build_dataset, data_shape, num_classes
 from gan.errors import ConfigError
 from gan.run.build import build_module
-from gan.run.checkpoint import mismatched, read_checkpoint
+from gan.run.checkpoint import read_checkpoint
 from gan.run.finetune import init_checkpoint, start_from
 from gan.run.hold import TRAIN_FIX, held_for_task
 from gan.run.module import GANModule
 from gan.training.loggers import check_loggers
-from gan.training.resume import Change, changes, check_changes
+from gan.training.resume import Change, changes_from, check_changes
 
 # trainer.strategy=ddp_separate (configs/trainer/ddp.yaml): G and D each in a DistributedDataParallel of its own,
 # built by the loop (gan/training/loop.py).
@@ -62,10 +62,6 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"{missing[0]} has no value: give one, e.g. python train.py {missing[0]}=<value>")
     for network in ("g", "d"):
         check_optimizer(f"optim.{network}", cfg.optim[network])
-    if is_points(data_shape(cfg.data)) and (cfg.data.get("classes") is not None or cfg.data.get("limit") is not None):
-        raise ConfigError(f"data.classes and data.limit choose images of labelled image data; data={cfg.data.name} "
-                          "draws its 2D points from every mode: drop them (data.num_points sets how many points)")
-    d_classifies(cfg.model)  # refuses an unknown model.d_condition, or a bad model.codes, before the run dir is made
     if cfg.trainer.strategy == "ddp":
         raise ConfigError("trainer.strategy=ddp is not one of the loop's DDP settings: the loop wraps G and D in a "
                           "DistributedDataParallel each, either without the unused-parameter search and with rank 0's "
@@ -76,7 +72,6 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
         raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
                           "CPUs): leave it false here")
-    check_loggers(cfg.get("logger") or {})
     metric = cfg.get("metric")
     if metric is not None and metric.startswith("metrics/") and not cfg.eval.every:
         raise ConfigError(f"metric={metric} is measured only during training with eval.every=N: set it, e.g. "
@@ -84,6 +79,9 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
+    # What the layers below refuse themselves: the model's condition, the loggers, the run to fine-tune from.
+    d_classifies(cfg.model)  # an unknown model.d_condition, or a bad model.codes
+    check_loggers(cfg.get("logger") or {})
     if cfg.init_from is not None and cfg.ckpt_path is None:  # a resume takes its weights from ckpt_path
         init_checkpoint(cfg.init_from)
     return cfg
@@ -197,7 +195,7 @@ def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
     check_finetune(start)
     if cfg.ckpt_path is not None:
         start.checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
-        start.changes = config_changes(start.checkpoint, OmegaConf.to_container(cfg, resolve=True))
+        start.changes = changes_from(start.checkpoint, OmegaConf.to_container(cfg, resolve=True))
         check_changes(start.changes, cfg)
     CHECKED[run_dir.expanduser().resolve()] = (given, start)
     return start
@@ -246,21 +244,3 @@ def check_finetune(start: Start) -> None:
         lines = start_from(module, container)
         if cfg.ckpt_path is None:
             start.fine_tuned = FineTuned(module, rng, lines)
-
-
-def check_resumable(module: GANModule, start: Start) -> None:
-    """Refuse a checkpoint (``start.checkpoint``, read from ``ckpt_path``) of other networks than ``module``, built
-    from the run's config: torch's own error for such a state is a list of every tensor."""
-    ckpt_path = start.cfg.ckpt_path
-    problems = mismatched(module.state_dict(), start.checkpoint["state_dict"])
-    if problems:
-        overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
-        raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
-                          "resume with the overrides its run was trained with"
-                          + (f" ({overrides})" if overrides.is_file() else ""))
-
-
-def config_changes(checkpoint: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
-    """What ``composed`` changes of the config saved in ``checkpoint`` (none for a checkpoint without one)."""
-    saved = checkpoint["hyper_parameters"].get("cfg")
-    return changes(saved, composed) if isinstance(saved, dict) else []

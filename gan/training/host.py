@@ -4,6 +4,7 @@ turns on."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -13,6 +14,19 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gan.core.torch_private import cpu_has_bf16_units
+
+log = logging.getLogger(__name__)
+
+
+def prepare_host(threads: int | None, devices: Any = 1) -> None:
+    """This process, set up for a run before anything is built: torch's intra-op threads (``train.threads``, or
+    what :func:`torch_threads` chooses; fixed for the whole run, logged with why), and no GPU probe at every
+    optimizer step on a machine without a GPU."""
+    no_gpu_probe_per_step()
+    count, why = torch_threads(threads, devices)
+    if count is not None:
+        torch.set_num_threads(count)
+        log.info(f"torch threads: {count} ({why})")
 
 
 def launched_by(node: str) -> DictConfig:

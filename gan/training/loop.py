@@ -31,13 +31,13 @@ from gan.data.datasets import data_shape, is_points, mixture_means, num_classes,
 from gan.data.loader import GANData
 from gan.errors import ConfigError, Interrupted, RunError
 from gan.evaluation.pictures import real_points_for_plot
-from gan.run.build import build_module, build_optimizers, uses_channels_last
+from gan.run.build import build_module, build_optimizers
 from gan.run.checkpoint import save_checkpoint
 from gan.run.finetune import start_from
 from gan.run.hold import TRAIN_FIX, holding
 from gan.run.module import GANModule, grad_norm
 from gan.training.autograd_audit import AutogradAudit
-from gan.training.checks import SEPARATE_DDP, Start, check_resumable, check_writable, checked
+from gan.training.checks import SEPARATE_DDP, Start, check_writable, checked
 from gan.training.fabric_adapter import (
     autocast,
     every_rank,
@@ -49,11 +49,11 @@ from gan.training.fabric_adapter import (
     wrapped,
 )
 from gan.training.guard import NonFiniteGuard
-from gan.training.host import launched_by, no_gpu_probe_per_step, slow_bf16_warning, torch_threads
+from gan.training.host import launched_by, prepare_host, slow_bf16_warning
 from gan.training.loggers import build_loggers, summary_writer
 from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
 from gan.training.profiling import build_profiler
-from gan.training.resume import apply_on_resume, log_changes, restore
+from gan.training.resume import apply_on_resume, restore
 from gan.training.rng import restore_rng, rng_state, separate_rank_streams
 from gan.training.timing import StepTimer
 
@@ -81,7 +81,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> Training:
         with holding(run_dir, "training", TRAIN_FIX):  # train.py: takes over the hold its Hydra callback took
             # train.py, gan.train: the checks they made before anything was written, taken over
             start = checked(cfg, run_dir)
-            set_threads(start.cfg)
+            prepare_host(start.cfg.train.threads, start.cfg.trainer.devices)
             run = build(start)
             resume(run, start)
             run_steps(run, probes)
@@ -112,15 +112,6 @@ def returned_metric(run: Training, name: str) -> float:
     return logged[name]
 
 
-def set_threads(cfg: DictConfig) -> None:
-    """torch's intra-op threads for the run, fixed for all of it (gan/training/host.py says how many, and why)."""
-    no_gpu_probe_per_step()
-    threads, why = torch_threads(cfg.train.threads, cfg.trainer.devices)
-    if threads is not None:
-        torch.set_num_threads(threads)
-        log.info(f"torch threads: {threads} ({why})")
-
-
 # --- the build: processes, data, networks, optimizers, and what watches the step ------------------------------
 
 class Training:
@@ -138,7 +129,6 @@ class Training:
         self.loggers = fabric.loggers if self.zero else []
         # What the step reads each time, as plain values: a config read costs microseconds.
         self.d_steps, self.batch_size = cfg.loss.d_steps, cfg.data.batch_size
-        self.channels_last = uses_channels_last(self.container, module.data_shape)  # NHWC batches, as the networks
         self.progress: Progress | None = None  # the console's progress bar, made as the steps start
         self.last_losses: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -172,9 +162,7 @@ def networks(start: Start, container: dict[str, Any], data: GANData) -> tuple[GA
     condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
     module = build_module(container, data_shape(container["data"]), condition)
     if start.checkpoint is not None:  # the state first: fine-tuning freezes blocks of the restored networks
-        check_resumable(module, start)
-        log_changes(start.changes)
-        restore(module, start.checkpoint, container, start.changes)
+        restore(module, start.checkpoint, start.cfg.ckpt_path, container, start.changes)
     # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
     return module, start_from(module, container, start.checkpoint)
 
@@ -327,7 +315,7 @@ def at_start(run: Training) -> None:
 def run_step(run: Training, batch: tuple[Tensor, Tensor]) -> step.StepResult:
     """One generator step on ``batch``: ``loss.d_steps`` D updates, then G's (gan/core/step.py)."""
     module, objective, scaler, d_steps = run.module, run.module.objective, run.scaler, run.d_steps
-    images = batch[0].contiguous(memory_format=torch.channels_last) if run.channels_last else batch[0]
+    images = batch[0].contiguous(memory_format=torch.channels_last) if module.channels_last else batch[0]
     reals = images.chunk(d_steps)
     kind = module.condition.kind
     labels = ([module.latent_code(len(real)) for real in reals] if kind == "code" else

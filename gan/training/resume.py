@@ -22,6 +22,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from gan.config.schema import DECLARED, resume_policy
 from gan.core.models import FourierFeatures
 from gan.errors import ConfigError
+from gan.run.checkpoint import mismatched
 from gan.run.legacy import upgrade_config
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,12 @@ def flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+def changes_from(checkpoint: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
+    """What ``composed`` changes of the config saved in ``checkpoint`` (none for a checkpoint without one)."""
+    saved = checkpoint["hyper_parameters"].get("cfg")
+    return changes(saved, composed) if isinstance(saved, dict) else []
 
 
 def changes(saved: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
@@ -198,11 +205,21 @@ def apply_on_resume(optim: dict[str, Any], optimizers: list[Optimizer], schedule
 
 
 @torch.no_grad()
-def restore(module: torch.nn.Module, checkpoint: dict[str, Any], composed: dict[str, Any], found: list[Change]) -> None:
-    """Load the checkpoint's state into ``module`` (a GANModule built from the ``composed`` config, a plain
-    container), then set on it what the config says of that state where a resume changes it on purpose
-    (``found``, resume.allow_changes=true), which the checkpoint's buffers would otherwise bring back: DiffAugment's
-    p, the scale of D's Fourier features, the classes of the grids' rows."""
+def restore(module: torch.nn.Module, checkpoint: dict[str, Any], ckpt_path: str, composed: dict[str, Any],
+            found: list[Change]) -> None:
+    """Load the state of ``checkpoint`` (read from ``ckpt_path``) into ``module`` (a GANModule built from the
+    ``composed`` config, a plain container), after logging what the resume changes (``found``); then set on it what
+    the config says of that state where a resume changes it on purpose (resume.allow_changes=true), which the
+    checkpoint's buffers would otherwise bring back: DiffAugment's p, the scale of D's Fourier features, the classes
+    of the grids' rows. A ConfigError for a checkpoint of other networks: torch's own error for such a state is a
+    list of every tensor."""
+    problems = mismatched(module.state_dict(), checkpoint["state_dict"])
+    if problems:
+        overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
+        raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
+                          "resume with the overrides its run was trained with"
+                          + (f" ({overrides})" if overrides.is_file() else ""))
+    log_changes(found)
     fourier = [m for m in module.D.modules() if isinstance(m, FourierFeatures)]
     drawn = [m.frequencies.clone() for m in fourier]  # this config's, drawn at its scale from its seed
     labels = module.sample_labels.clone()  # a function of the config: a row per class trained on
