@@ -73,7 +73,13 @@ CONFIG_ERRORS = {
                                                "ADA's augment.p may move by 1.0)",
     ("experiment=ring", "model.hidden=0"): "error: model.hidden=0: it must be >= 1 (model=mlp's units per hidden "
                                            "layer)",
-    ("model.d_condition=projection",): "error: unknown model.d_condition 'projection': use model.d_condition=input "
+    ("data=mnist", "data.split=dev"): "error: data.split=dev: use data.split=train or data.split=test",
+    ("model.codes=-1",): "error: model.codes=-1: it must be >= 0 (values of G's latent code; 0: none, e.g. "
+                         "model.codes=8)",
+    ("trainer.profiler=fancy",): "error: trainer.profiler=fancy: choose simple, advanced, pytorch or null",
+    ("data=folder", "data.path=.", "data.preload=maybe"): "error: data.preload=maybe: use data.preload=auto, true or "
+                                                          "false",
+    ("model.d_condition=projection",): "error: model.d_condition=projection: use model.d_condition=input "
                                        "(labels beside D's input) or model.d_condition=classifier (D predicts them, "
                                        "AC-GAN)",
     ("model.conditional=true", "model.codes=8"): "error: model.codes=8 with model.conditional=true: G takes the "

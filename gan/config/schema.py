@@ -98,10 +98,10 @@ class Data:
                               resume="free", was=("train.channels_last",), before=False)
     root: str = key(resume="free")  # mnist, fashion_mnist, stacked_mnist, cifar10
     download: bool = key(resume="free")
-    split: str = MISSING
+    split: str = key(values=("train", "test"), meaning="use data.split=train or data.split=test")
     num_stacks: int = key(least=1, meaning="data=stacked_mnist's images, each three MNIST digits")  # stacked_mnist
     path: str = MISSING  # folder
-    preload: Any = key(resume="free")  # auto, true or false
+    preload: Any = key(values=("auto", True, False), meaning="use data.preload=auto, true or false", resume="free")
     classes: list[int] | None = key(before=None)  # labelled images
     limit: int | None = key(least=1, meaning="images kept of the data (null: all)", before=None)
 
@@ -111,8 +111,9 @@ class Model:
     name: str = MISSING
     spectral_norm: bool = MISSING
     conditional: bool = MISSING
-    d_condition: str = key(before="input")
-    codes: int = key(before=0)
+    d_condition: str = key(values=("input", "classifier"), meaning="use model.d_condition=input (labels beside D's "
+                           "input) or model.d_condition=classifier (D predicts them, AC-GAN)", before="input")
+    codes: int = key(least=0, meaning="values of G's latent code; 0: none, e.g. model.codes=8", before=0)
     width: int = key(least=1, meaning="model=dcgan's channels at its widest resolution")  # dcgan
     d_batchnorm: bool = key(meaning="BatchNorm in D's inner layers (model=dcgan); loss=wgan_gp sets it false",
                             was=("loss.batchnorm_in_d",), was_choice=True)
@@ -189,7 +190,8 @@ class Trainer:
                          "(a *-true precision but 32-true would hold the weights themselves in that type): use "
                          "trainer.precision=32-true, bf16-mixed (bfloat16 autocast) or 16-mixed (float16 autocast)")
     enable_progress_bar: bool = MISSING
-    profiler: str | None = MISSING
+    profiler: str | None = key(values=("simple", "advanced", "pytorch"), meaning="choose simple, advanced, pytorch or "
+                               "null")
     sync_batchnorm: bool = MISSING  # trainer=ddp
 
 

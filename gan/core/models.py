@@ -246,8 +246,6 @@ def latent_codes(model_cfg: dict[str, Any]) -> int:
     """The number of values of G's categorical latent code (``codes``; 0: none), refused beside ``conditional``,
     which gives G the data's classes instead."""
     codes = model_cfg.get("codes", 0)  # configs from before the key existed: no code
-    if not isinstance(codes, int) or codes < 0:
-        raise ConfigError(f"model.codes={codes}: use 0 (no latent code) or its number of values, e.g. model.codes=8")
     if codes and model_cfg["conditional"]:
         raise ConfigError(f"model.codes={codes} with model.conditional=true: G takes the data's classes or a latent "
                           "code, not both: use model.codes=0 or model.conditional=false")
@@ -272,11 +270,7 @@ def g_condition(model_cfg: dict[str, Any], data_classes: int, subset: Sequence[i
 def d_classifies(model_cfg: dict[str, Any]) -> bool:
     """Whether D names G's discrete input from the sample alone: always for a latent code (``codes``); for a
     class, with ``d_condition: classifier`` rather than ``input`` (the labels beside D's input)."""
-    condition = model_cfg.get("d_condition", "input")
-    if condition not in ("input", "classifier"):
-        raise ConfigError(f"unknown model.d_condition '{condition}': use model.d_condition=input (labels beside "
-                          "D's input) or model.d_condition=classifier (D predicts them, AC-GAN)")
-    return condition == "classifier" or latent_codes(model_cfg) > 0
+    return model_cfg.get("d_condition", "input") == "classifier" or latent_codes(model_cfg) > 0
 
 
 def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],

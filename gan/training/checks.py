@@ -80,7 +80,7 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
     # What the layers below refuse themselves: the model's condition, the loggers, the run to fine-tune from.
-    d_classifies(cfg.model)  # an unknown model.d_condition, or a bad model.codes
+    d_classifies(cfg.model)  # model.codes beside model.conditional
     check_loggers(cfg.get("logger") or {})
     if cfg.init_from is not None and cfg.ckpt_path is None:  # a resume takes its weights from ckpt_path
         init_checkpoint(cfg.init_from)

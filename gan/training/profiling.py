@@ -14,8 +14,6 @@ from typing import Any
 import torch
 from lightning.pytorch.profilers import AdvancedProfiler, PassThroughProfiler, SimpleProfiler
 
-from gan.errors import ConfigError
-
 LIGHTNING = {"simple": SimpleProfiler, "advanced": AdvancedProfiler}
 
 
@@ -52,8 +50,6 @@ def build_profiler(name: str | None, run_dir: Path, local_rank: int) -> Any:
         return PassThroughProfiler()
     if name == "pytorch":
         return TorchProfiler(directory / f"rank{local_rank}")
-    if name not in LIGHTNING:
-        raise ConfigError(f"trainer.profiler={name}: choose simple, advanced, pytorch or null")
     profiler = LIGHTNING[name](dirpath=directory, filename="steps")
     profiler.setup(stage="fit", local_rank=local_rank, log_dir=str(run_dir))
     return profiler
