@@ -150,11 +150,10 @@ CONFIG_ERRORS = {
 }
 
 
-def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
-    for overrides, expected in CONFIG_ERRORS.items():
-        capsys.readouterr()
-        assert run_train(tmp_path / "run", *overrides) == 2, overrides
-        assert one_line(capsys) == expected
+@pytest.mark.parametrize("overrides,expected", CONFIG_ERRORS.items(), ids=[" ".join(o) for o in CONFIG_ERRORS])
+def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys, overrides, expected):
+    assert run_train(tmp_path / "run", *overrides) == 2
+    assert one_line(capsys) == expected
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
 
 
