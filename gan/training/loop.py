@@ -121,8 +121,8 @@ class Training:
     themselves), the step's record of its phases and the timer reading it, the run's outputs, and what it logged
     last (``last_losses``: loss/d and loss/g; ``last_metrics``: the last evaluation's metrics/*)."""
 
-    def __init__(self, cfg: DictConfig, fabric: Fabric, data: GANData, module: GANModule):
-        self.cfg, self.container = cfg, OmegaConf.to_container(cfg, resolve=True)
+    def __init__(self, cfg: DictConfig, container: dict[str, Any], fabric: Fabric, data: GANData, module: GANModule):
+        self.cfg, self.container = cfg, container
         self.run_dir = Path(cfg.paths.run_dir)
         self.fabric, self.data, self.module = fabric, data, module
         self.zero = fabric.is_global_zero  # rank 0 logs, samples, measures and writes for every rank
@@ -143,7 +143,7 @@ def build(start: Start) -> Training:
     fabric.seed_everything(cfg.seed, workers=True, verbose=False)
     data = GANData(container["data"], cfg.data.batch_size, cfg.loss.d_steps, cfg.seed, start.dataset)
     module, lines = networks(start, container, data)
-    run = Training(cfg, fabric, data, module)
+    run = Training(cfg, container, fabric, data, module)
     if run.zero:
         for line in lines:
             log.info(line)
@@ -215,7 +215,18 @@ def observe(run: Training) -> None:
                           real_points_for_plot(run.data.dataset) if points else None,
                           mixture_means(cfg.data.name) if points else None)
     # What sees each backward: the guard (the loss it judges), the audit, the pictures of the autograd graph.
-    run.backward_watchers = [w for w in (guard, run.audit, run.samples) if w is not None]
+    watchers = [w for w in (guard, run.audit, run.samples) if w is not None]
+    scaler = run.scaler
+
+    def backward(loss: Tensor) -> None:  # made once: the step calls it twice per generator step and more
+        for watcher in watchers:
+            watcher.before_backward(loss, phases.network)
+        if scaler is not None:
+            fabric.backward(loss)  # the loss scaled first
+        else:
+            loss.backward()
+
+    run.backward = backward
     run.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
                                   lambda path: write_checkpoint(run, path), run.zero, lambda: kill_other_ranks(fabric))
     run.metrics = (Metrics(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed, run.loggers)
@@ -330,16 +341,8 @@ def run_step(run: Training, batch: tuple[Tensor, Tensor]) -> step.StepResult:
                  if scaler is not None and objective.needs_loss_scale(done + k) else None)
         return objective.d_loss(D, real, fake, y, done + k, scale)
 
-    def backward(loss: Tensor) -> None:
-        for watcher in run.backward_watchers:
-            watcher.before_backward(loss, run.phases.network)
-        if scaler is not None:
-            run.fabric.backward(loss)  # the loss scaled first
-        else:
-            loss.backward()
-
     opt_g, opt_d = run.step_optimizers
-    return step.generator_step(run.G, run.D, opt_g, opt_d, batches, d_loss, objective.g_loss, backward,
+    return step.generator_step(run.G, run.D, opt_g, opt_d, batches, d_loss, objective.g_loss, run.backward,
                                run.phases.phase)
 
 
