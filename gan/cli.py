@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from gan.config.schema import RENAMED, moved
-from gan.errors import ConfigError, Interrupted, RunError, StoppedAtOnce, unknown_key
+from gan.errors import UNHEALTHY, ConfigError, Interrupted, RunError, StoppedAtOnce, Unhealthy, unknown_key
 
 
 def hydra_message(e: Exception) -> str:
@@ -74,6 +74,8 @@ def reported() -> Iterator[None]:
         yield
     except ConfigError as e:
         report(f"error: {one_line(e)}", 2)
+    except Unhealthy as e:
+        report(str(e), UNHEALTHY)
     except (RunError, OSError) as e:
         report(f"error: {one_line(e)}", 1)
     except Interrupted as e:

@@ -17,6 +17,15 @@ class RunError(RuntimeError):
     the message says what happened and what to do."""
 
 
+class Unhealthy(RunError):
+    """Training stopped by its health check (``health.action=stop``) at the end of the step a condition started
+    in, its checkpoint saved; the message names the condition and how to resume. Exit code :data:`UNHEALTHY`."""
+
+
+# train.py's exit code for a run its health check stopped: neither bad input (2) nor a failed run (1).
+UNHEALTHY = 3
+
+
 class Interrupted(KeyboardInterrupt):
     """Training stopped by a signal (Ctrl-C, SIGTERM, SIGUSR1) at the end of a step, its checkpoint saved; the
     message says how to resume. ``code``: the exit code, 128 + the signal's number, as a shell reports a

@@ -24,10 +24,11 @@ from gan.training.checks import validate
 
 BATCH, STEPS, RANKS = 16, 6, 2  # debug=tiny's batch and steps
 # ADA adjusts p at step 4 (by 32 images x 4 steps / 640 = 0.2) and is halfway to its next adjustment at the
-# end, so its sign accumulators are not empty; R1 differentiates D twice under DDP; metrics at steps 3 and 6.
+# end, so its sign accumulators are not empty; R1 differentiates D twice under DDP; metrics and health checks at
+# steps 3 and 6.
 OVERRIDES = [*TINY, "trainer.accelerator=cpu", f"trainer.devices={RANKS}", "reg=r1", "augment=ada", "augment.p=0.5",
              "augment.interval=4", "augment.speed_images=640", "eval.every=3", "eval.num_samples=64",
-             "eval.classifier_steps=5"]
+             "eval.classifier_steps=5", "health.every=3", "health.start=0"]
 
 
 def train_on_two_ranks(run_dir: Path, trainer: str) -> list[dict]:
@@ -108,10 +109,12 @@ def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
 
 def test_samples_and_metrics_are_made_once(separate_ddp):
     run_dir, (rank0, rank1) = separate_ddp
-    # The EMA generator samples on rank 0 only: a grid and a metrics evaluation (64 samples, one forward)
-    # at steps 3 and 6.
-    assert (rank0["ema_forwards"], rank1["ema_forwards"]) == (4, 0)
+    # The EMA generator samples on rank 0 only: a grid, a metrics evaluation (64 samples, one forward) and the
+    # health check's samples at steps 3 and 6.
+    assert (rank0["ema_forwards"], rank1["ema_forwards"]) == (6, 0)
     events = read_events(run_dir / "tensorboard")
+    assert [e.step for e in events.Scalars("health/diversity")] == [3, 6]
+    assert (run_dir / "health.json").is_file()
     assert [e.step for e in events.Images("samples/grid")] == [3, 6]
     assert [e.step for e in events.Scalars("metrics/fid")] == [3, 6]
     assert [e.step for e in events.Scalars("loss/g")] == list(range(1, STEPS + 1))

@@ -10,7 +10,8 @@ whose counters live on the device and are never read.
 
 Counted over real training runs of every recipe, per generator step, from one step's start to the next
 (its callbacks included): zero on a step that logs nothing; on a logging step, one read of all logged
-values together, plus the non-finite guard's one read of its verdict for the window (gan/training/guard.py).
+values together (a health check's figures among them), plus the non-finite guard's one read of its verdict
+for the window (gan/training/guard.py).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ RECIPES = {
     "conditional": ["model.conditional=true"],
     "AC-GAN": ["model.conditional=true", "model.d_condition=classifier"],
     "skip_nonfinite": ["train.skip_nonfinite=true"],
+    # Its figures join the logging step's one read.
+    "health check at every logging step, memorisation measured": ["health.every=3", "data.limit=40"],
 }
 
 

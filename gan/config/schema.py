@@ -240,6 +240,22 @@ class Checkpoint:
     keep: int = key(least=0, meaning="periodic checkpoints kept besides last.ckpt; 0 keeps them all")
 
 
+# health.action: what a run does when a health condition starts (gan/training/health.py).
+HEALTH_ACTIONS = ("warn", "stop")
+
+
+@dataclass
+class Health:
+    enabled: bool = key(meaning="the health check while the run trains (docs/usage.md#training-health)", before=False)
+    action: str = key(values=HEALTH_ACTIONS, meaning="use health.action=warn (a line in the log) or health.action=stop "
+                      "(the run stops, with its checkpoint)", before="warn")
+    every: int = key(least=1, meaning="generator steps between health checks", before=100)
+    start: float = key(least=0, below=1, meaning="the share of trainer.max_steps after which health conditions are "
+                       "judged", before=0.0)
+    patience: int = key(least=1, meaning="health checks whose median figure starts or ends a condition", before=1)
+    examples: int = key(least=2, meaning="images in each fixed set of the health check", before=2)
+
+
 # What the metrics measure (EvalSettings' fields): train.yaml's eval.*, evaluate.yaml's top level.
 NEAREST = "; precision/recall looks at each sample's 3 nearest neighbours"
 MEASURED = {
@@ -318,6 +334,7 @@ class TrainConfig:
     log: Log = section(Log, resume="applied")
     timing: Timing = section(Timing, resume="applied")
     checkpoint: Checkpoint = section(Checkpoint, resume="applied")
+    health: Health = section(Health, resume="applied")
     eval: Eval = section(Eval, resume="applied")
     paths: Paths = section(Paths, resume="ignored")
     # configs/logger/: name -> a Lightning logger's _target_ and arguments (gan/training/loggers.py)

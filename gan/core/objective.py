@@ -42,11 +42,12 @@ class Objective(nn.Module):
         self.classify = classify and condition.values > 0
         self.d_real_mean, self.d_fake_mean = RunningMean(), RunningMean()
 
-    def critic(self, D: nn.Module, x: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    def critic(self, D: nn.Module, x: Tensor, labels: Tensor | None,
+               augment: bool = True) -> tuple[Tensor, Tensor | None]:
         """What D says about ``x``: its real/fake logits and, for a classifying D, its class logits (else
-        None). ``x`` is augmented (when configured), then, for a D given the labels,
+        None). ``x`` is augmented (when configured, unless ``augment=False``), then, for a D given the labels,
         ``torch.cat((condition, x), dim=1)``."""
-        if self.augment is not None:
+        if self.augment is not None and augment:
             x = self.augment(x)
         if self.classify:
             out = D(x)

@@ -293,8 +293,14 @@ def build_dataset(cfg: dict[str, Any], seed: int, split: str | None = None) -> D
 def subset(dataset: TensorDataset, cfg: dict[str, Any], seed: int) -> TensorDataset:
     """The images of ``data.classes`` (null: all), then ``data.limit`` of them (null: all), drawn with ``seed``:
     a few-shot training set. Labels keep their values, so that a classifier of the whole dataset reads them."""
-    classes, limit = cfg.get("classes"), cfg.get("limit")
     images, labels = dataset.tensors
+    keep = subset_indices(labels, cfg, seed)[0]
+    return dataset if len(keep) == len(labels) else TensorDataset(images[keep], labels[keep])
+
+
+def subset_indices(labels: Tensor, cfg: dict[str, Any], seed: int) -> tuple[Tensor, Tensor]:
+    """The indices :func:`subset` keeps, and those of ``data.classes`` that ``data.limit`` leaves out."""
+    classes, limit = cfg.get("classes"), cfg.get("limit")
     keep = torch.arange(len(labels))
     if classes is not None:
         present = set(labels.unique().tolist())
@@ -303,13 +309,31 @@ def subset(dataset: TensorDataset, cfg: dict[str, Any], seed: int) -> TensorData
             raise ConfigError(f"data.classes={list(classes)}: data={cfg['name']} has no class {absent[0]} "
                               f"(its classes: {sorted(present)}): choose among those, or null for all")
         keep = keep[torch.isin(labels, torch.tensor(list(classes)))]
-    if limit is not None:
-        if not 1 <= limit <= len(keep):
-            chosen = f" of data.classes={list(classes)}" if classes is not None else ""
-            raise ConfigError(f"data.limit={limit}: data={cfg['name']} has {len(keep):,} images{chosen}: "
-                              f"give 1 to {len(keep)}, or null for all")
-        keep = keep[torch.randperm(len(keep), generator=torch.Generator().manual_seed(seed))[:limit]].sort().values
-    return dataset if len(keep) == len(labels) else TensorDataset(images[keep], labels[keep])
+    if limit is None:
+        return keep, keep[:0]
+    if not 1 <= limit <= len(keep):
+        chosen = f" of data.classes={list(classes)}" if classes is not None else ""
+        raise ConfigError(f"data.limit={limit}: data={cfg['name']} has {len(keep):,} images{chosen}: "
+                          f"give 1 to {len(keep)}, or null for all")
+    order = torch.randperm(len(keep), generator=torch.Generator().manual_seed(seed))
+    return keep[order[:limit]].sort().values, keep[order[limit:]].sort().values
+
+
+def held_out(cfg: dict[str, Any], seed: int) -> TensorDataset | None:
+    """Real data of the run's distribution that it never trains on, for the health check of a memorising D
+    (gan/training/health.py): a fresh draw of a 2D mixture; the images of ``data.classes`` that ``data.limit``
+    left out. None where every image trains (the whole of a dataset, or of its classes)."""
+    name = cfg["name"]
+    if name in POINT_DATASETS:
+        return build_dataset(cfg, seed, split="test")
+    if cfg.get("limit") is None:
+        return None
+    whole = build_dataset({**cfg, "classes": None, "limit": None}, seed)
+    if not isinstance(whole, TensorDataset):
+        return None
+    images, labels = whole.tensors
+    rest = subset_indices(labels, cfg, seed)[1]
+    return TensorDataset(images[rest], labels[rest]) if len(rest) else None
 
 
 def population(cfg: dict[str, Any], seed: int) -> Dataset:

@@ -125,8 +125,10 @@ def score(cfg: DictConfig, run_dir: str | None) -> dict[str, Any]:
     step = int(module.counters.g_updates)
     # The long per-class table goes last, after the numbers a reader looks for first.
     headline = {k: v for k, v in values.items() if k != "per_class"}
+    trained = run / "health.json"  # the conditions the run's health check met while it trained, and when
+    health = json.loads(trained.read_text())["conditions"] if trained.is_file() else None
     result = {**headline, "generator": generator, "step": step, "num_samples": settings.num_samples,
-              "seed": cfg.seed, "checkpoint": str(ckpt_path.resolve()),
+              "seed": cfg.seed, "checkpoint": str(ckpt_path.resolve()), "health": health,
               **({"per_class": values["per_class"]} if "per_class" in values else {})}
 
     out = run / "eval"

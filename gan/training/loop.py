@@ -25,11 +25,12 @@ from gan.config.eval_settings import EvalSettings
 from gan.core import snapshot, step
 from gan.core.audit import check_plain_numbers
 from gan.core.distributed import broadcast_buffers
+from gan.core.health import HealthJudge
 from gan.core.models import g_condition
 from gan.core.phases import PhaseTimer, StepPhases
-from gan.data.datasets import data_shape, is_points, mixture_means, num_classes, population
+from gan.data.datasets import data_shape, held_out, is_points, mixture_means, num_classes, population
 from gan.data.loader import GANData
-from gan.errors import ConfigError, Interrupted, RunError
+from gan.errors import ConfigError, Interrupted, RunError, Unhealthy
 from gan.evaluation.pictures import real_points_for_plot
 from gan.run.build import build_module, build_optimizers
 from gan.run.checkpoint import save_checkpoint
@@ -49,6 +50,7 @@ from gan.training.fabric_adapter import (
     wrapped,
 )
 from gan.training.guard import NonFiniteGuard
+from gan.training.health import HealthWatch
 from gan.training.host import launched_by, prepare_host, slow_bf16_warning
 from gan.training.loggers import build_loggers, summary_writer
 from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
@@ -234,6 +236,9 @@ def observe(run: Training) -> None:
     run.step_timer = (StepTimer(run.timer, cfg.data.batch_size * fabric.world_size, run.loggers)
                       if cfg.timing.enabled else None)
     run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
+    health, judged_from = cfg.health, round(cfg.health.start * cfg.trainer.max_steps)
+    run.health = (HealthWatch(health.every, health.action, HealthJudge(judged_from, health.patience), health.examples,
+                              run_dir, summary_writer(run.loggers), run.zero) if health.enabled else None)
 
 
 def resume(run: Training, start: Start) -> None:
@@ -250,6 +255,8 @@ def resume(run: Training, start: Start) -> None:
         apply_on_resume(run.container["optim"], run.optimizers, run.schedules)  # this config's, not the checkpoint's
         load_precision_state(fabric, checkpoint.get("precision", {}))
         restore_rng(checkpoint["rng"])
+        if run.health is not None and checkpoint.get("health"):  # the conditions met so far, and their streaks
+            run.health.judge.load_state_dict(checkpoint["health"])
     separate_rank_streams(fabric.global_rank)
 
 
@@ -264,6 +271,7 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
     # step reads from the device anyway; on one process the request is read at every step, for nothing.
     agree_every = cfg.log.every if fabric.world_size > 1 else 1
     max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
+    health = run.health
     status = "failed"
     try:
         at_start(run)
@@ -285,10 +293,11 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
             g = module.counters.g
             if g % agree_every == 0:
                 stop = agree_to_stop(fabric, run.checkpoints.stop_requested)
-            # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged.
-            logged = g % log_every == 0 or g == max_steps or stop
+            # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged;
+            # a health check reads its figures with a logging step's scalars.
+            logged = g % log_every == 0 or g == max_steps or stop or (health is not None and health.due(g))
             with phases.phase("callbacks"):
-                after_step(run, result, g, logged, stop)
+                stop = after_step(run, result, g, logged, stop)
                 for probe in probes:
                     probe.on_step_end(run)
             if run.step_timer is not None:  # after the callbacks: their time is in this window
@@ -312,10 +321,12 @@ def at_start(run: Training) -> None:
         logger.log_hyperparams(module.hparams)
     if run.zero:
         run.samples.at_start(module)
+    data = run.container["data"]
     if run.metrics is not None:
-        data = run.container["data"]
         measured = run.data.dataset if data.get("limit") is None else population(data, cfg.seed)
         run.metrics.at_start(module, data, measured)
+    if run.health is not None and run.zero:
+        run.health.at_start(module, run.data.dataset, held_out(data, cfg.seed), cfg.seed)
     run.progress = Progress(cfg.trainer.max_steps, module.counters.g) if cfg.trainer.enable_progress_bar and run.zero \
         else None
     run.checkpoints.catch_signals()
@@ -365,13 +376,18 @@ def update_statistics(run: Training, result: step.StepResult) -> None:
         augment.adjust(run.batch_size * run.fabric.world_size)
 
 
-def after_step(run: Training, result: step.StepResult, g: int, logged: bool, stop: bool) -> None:
-    """What is due after generator step ``g``: its scalars (``logged``), the audit's end-of-step checks, a
-    checkpoint, samples, metrics, the progress bar."""
+def after_step(run: Training, result: step.StepResult, g: int, logged: bool, stop: bool) -> bool:
+    """What is due after generator step ``g``: its scalars (``logged``) and health check, the audit's end-of-step
+    checks, a checkpoint, samples, metrics, the progress bar. Returns whether the run stops here: ``stop`` (the
+    ranks agreed to), or its health check stopped it."""
     module = run.module
     if logged:
         run.guard.read()  # a bad update stops the run before it is logged
         log_step(run, result)
+        if run.health is not None and run.health.due(g):  # stopped by its check: the ranks agree to stop here
+            ill = run.health.stopped_by is not None
+            run.health.stopped = every_rank(run.fabric, ill, all=False) if run.fabric.world_size > 1 else ill
+            stop = run.health.stopped or stop
     if run.audit is not None:
         run.audit.step_end()
     run.checkpoints.after_step(g, stop)
@@ -381,11 +397,13 @@ def after_step(run: Training, result: step.StepResult, g: int, logged: bool, sto
         run.last_metrics = run.metrics.last
     if run.progress is not None:
         run.progress.after_step(run.last_losses, logged)
+    return stop
 
 
 def log_step(run: Training, result: step.StepResult) -> None:
-    """The step's scalars to the loggers, read from the device in one transfer: one host-device sync per
-    logging step, plain floats to the loggers, and no tensor that could keep a graph alive."""
+    """The step's scalars (and a health check's figures, which it judges, when one is due) to the loggers, read
+    from the device in one transfer: one host-device sync per logging step, plain floats to the loggers, and no
+    tensor that could keep a graph alive."""
     module = run.module
     d, objective = result.d[-1], module.objective
     values = {
@@ -397,7 +415,13 @@ def log_step(run: Training, result: step.StepResult) -> None:
     if objective.augment is not None:
         values["augment/p"] = objective.augment.p
     values.update({f"train/skipped_{n}": getattr(module.counters, f"skipped_{n}") for n in "dg"})
+    # Rank 0 checks the run's health, for every rank: they hold the same networks (the verdict is agreed on).
+    checking = run.health is not None and run.zero and run.health.due(module.counters.g)
+    if checking:
+        values.update(run.health.figures(module, result))
     numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
+    if checking:
+        run.health.check(module.counters.g, numbers)
     if module.audit:
         check_plain_numbers(numbers)
     for logger in run.loggers:  # TensorBoard's x axis is generator steps
@@ -419,6 +443,8 @@ def at_end(run: Training) -> None:
     run.samples.at_end(run.module)
     if run.zero:
         snapshot.save_snapshot(run.run_dir / snapshot.FILE, run.module.snapshot())
+    if run.health is not None:
+        run.health.at_end(run.module.counters.g)
 
 
 def close(run: Training, status: str) -> None:
@@ -434,16 +460,26 @@ def close(run: Training, status: str) -> None:
 
 
 def finish(run: Training) -> Training:
-    """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, which says how to resume."""
+    """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, one its health check
+    stopped with :class:`gan.errors.Unhealthy`: each says how to resume."""
     module, run_dir, stopped_by = run.module, run.run_dir, run.checkpoints.stopped_by
+    unhealthy = run.health is not None and run.health.stopped
+    ill = run.health.stopped_by if unhealthy else None  # None on ranks > 0: rank 0 judged
+    if unhealthy:
+        stopped_by = f"its health check ({ill.condition if ill else 'on rank 0'})"
     if run.zero:
         log_summary(run, stopped_by)
-    if stopped_by:
-        last = run_dir / "checkpoints" / "last.ckpt"
-        raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in "
-                          f"{last}: resume with the same overrides and {shlex.quote(f'ckpt_path={last}')}",
-                          run.checkpoints.exit_code)
-    return run
+    if not stopped_by:
+        return run
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resume = shlex.quote(f"ckpt_path={last}")
+    if unhealthy:
+        condition = f"{ill.condition} since step {ill.started}" if ill else "a condition rank 0 found"
+        raise Unhealthy(f"stopped by its health check at generator step {module.counters.g}: {condition} "
+                        f"(docs/usage.md#training-health); saved in {last}: resume with the same overrides, {resume} "
+                        "and health.action=warn to go on regardless, or start anew with a fix")
+    raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in {last}: resume with "
+                      f"the same overrides and {resume}", run.checkpoints.exit_code)
 
 
 def write_checkpoint(run: Training, path: Path) -> None:
@@ -465,6 +501,7 @@ def training_state(run: Training) -> dict[str, Any]:
         "hyper_parameters": module.hparams,
         "precision": precision_state(run.fabric),  # float16's loss scale; empty otherwise
         "rng": rng_state(),
+        "health": run.health.judge.state_dict() if run.health is not None else {},
     }
 
 

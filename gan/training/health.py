@@ -1,0 +1,152 @@
+"""The run's health check (``health.*``): every ``health.every`` generator steps -- logging steps, whose
+scalars the loop reads from the device in one transfer -- the figures of gan/core/health.py, logged as
+``health/*``; a line in the log when a condition starts and when it ends; at the end (or at a stop) the
+conditions met and when, in ``<run>/health.json`` and as text in TensorBoard. ``health.action=stop`` stops
+the run at the end of the step a condition starts in, with its checkpoint.
+
+Nothing here changes training: the figures are made under ``torch.no_grad()`` with the networks in eval mode
+(no BatchNorm statistic or spectral-norm vector moves), from fixed sets drawn with a generator of their own
+(the run's random streams are left alone).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from gan.core.contexts import evaluating
+from gan.core.health import BY_NAME, CONDITIONS, Event, HealthJudge, separation, spread
+from gan.files import atomic_write
+
+if TYPE_CHECKING:
+    from gan.core.step import StepResult
+    from gan.run.module import GANModule
+
+log = logging.getLogger(__name__)
+
+FILE = "health.json"
+
+
+def fixed_set(dataset: Dataset, count: int, seed: int) -> tuple[Tensor, Tensor]:
+    """``count`` examples of ``dataset`` (at most all of them) and their labels, drawn with ``seed`` by a generator of
+    their own."""
+    index = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:count].tolist()
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is not None:
+        return tensors[0][index], tensors[1][index]
+    examples = [dataset[i] for i in index]
+    return torch.stack([x for x, _ in examples]), torch.tensor([int(y) for _, y in examples])
+
+
+class HealthWatch:
+    """The health of one run: ``every`` (generator steps between checks), ``action`` (``warn`` or ``stop``), the
+    judge of its conditions, and how many examples each fixed set holds (``count``)."""
+
+    def __init__(self, every: int, action: str, judge: HealthJudge, count: int, run_dir: Path, writer: Any,
+                 is_global_zero: bool):
+        self.every, self.action, self.judge, self.count = every, action, judge, count
+        self.run_dir, self.writer, self.is_global_zero = Path(run_dir), writer, is_global_zero
+        self.stopped_by: Event | None = None  # the condition that stopped the run (health.action=stop; rank 0)
+        self.stopped = False  # the ranks agreed to stop for it
+        self.trained: tuple[Tensor, Tensor] | None = None
+        self.held: tuple[Tensor, Tensor] | None = None
+        self.real_spread: float | None = None
+
+    def at_start(self, module: GANModule, dataset: Dataset, held: Dataset | None, seed: int) -> None:
+        """The fixed sets, on the run's device: training images, and (``held``) images D never trains on; the
+        real images' spread, which the samples' is measured against."""
+        device, dtype = module.device, next(module.D.parameters()).dtype  # as D's weights: bf16-true has bf16 ones
+        self.trained = on_device(fixed_set(dataset, self.count, seed), device, dtype)
+        self.held = on_device(fixed_set(held, self.count, seed), device, dtype) if held is not None else None
+        count = min(self.count, len(module.sample_noise))
+        self.real_spread = float(spread(self.trained[0][:count]))
+        if self.is_global_zero and held is None:
+            log.info("health: d_memorises is not watched: every image of this data trains (data.limit=N keeps the "
+                     "rest aside, and this check compares D on both)")
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    @torch.no_grad()
+    def figures(self, module: GANModule, result: StepResult) -> dict[str, Tensor]:
+        """The check's figures, on the device (the loop reads them with the step's other scalars)."""
+        last = result.d[-1]
+        figures = {"health/d_separation": separation(last.real_logits, last.fake_logits)}
+        if self.held is not None:
+            with evaluating(module.D):
+                scores = [self.scores(module, images, labels) for images, labels in (self.trained, self.held)]
+            figures["health/d_memorisation"] = separation(*scores)
+        count = min(self.count, len(module.sample_noise))
+        labels = module.sample_labels[:count] if module.condition.values else None
+        samples = module.generate(module.sample_noise[:count], labels)
+        figures["health/diversity"] = spread(samples) / self.real_spread
+        return figures
+
+    @staticmethod
+    def scores(module: GANModule, images: Tensor, labels: Tensor) -> Tensor:
+        """D's real/fake scores of ``images``, not augmented: the same images score the same at every check."""
+        if module.condition.kind == "code":  # G's latent code, which real images do not have: D is scored without
+            labels = torch.zeros_like(labels)
+        return module.objective.critic(module.D, images, labels, augment=False)[0]
+
+    def check(self, step: int, numbers: dict[str, float]) -> bool:
+        """Judge the check at generator step ``step`` from the scalars read (``numbers``, to which this adds
+        ``health/blowup``); log what starts and ends. True: the run is to stop here (``health.action=stop``)."""
+        numbers["health/blowup"] = self.judge.blowup(step, numbers)
+        figures = {name.removeprefix("health/"): v for name, v in numbers.items() if name.startswith("health/")}
+        started, ended = self.judge.judge(step, figures)
+        if self.is_global_zero:
+            for event in started:
+                condition = BY_NAME[event.condition]
+                sign = ">=" if condition.above else "<="
+                log.warning(f"health: {event.condition} at generator step {step}: {condition.figure} "
+                            f"{shown(event.value)} {sign} {condition.threshold} (the median of the last "
+                            f"{self.judge.patience} checks): {condition.meaning} (docs/usage.md#training-health)")
+            for event in ended:
+                log.warning(f"health: {event.condition} is over at generator step {step} (since {event.started})")
+        if started and self.action == "stop":
+            self.stopped_by = started[0]
+            return True
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        """What ``health.json`` holds: each condition met, when it started and ended."""
+        return {"conditions": [vars(e) for e in self.judge.events],
+                "thresholds": {c.name: {"figure": c.figure, "threshold": c.threshold,
+                                        "bad": "at or above" if c.above else "at or below"} for c in CONDITIONS},
+                "memorisation_watched": self.held is not None, "stopped_by": self.stopped_by and
+                self.stopped_by.condition}
+
+    def at_end(self, step: int) -> None:
+        """The conditions met, to ``<run>/health.json`` and TensorBoard's text (rank 0)."""
+        if not self.is_global_zero:
+            return
+        summary = self.summary()
+        atomic_write(self.run_dir / FILE, lambda f: f.write((json.dumps(summary, indent=2) + "\n").encode()))
+        if self.writer is not None:
+            self.writer.add_text("health", describe(summary["conditions"]), step)
+
+
+def on_device(examples: tuple[Tensor, Tensor], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    images, labels = examples
+    return images.to(device, dtype), labels.to(device)
+
+
+def shown(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else str(value)
+
+
+def describe(events: list[dict[str, Any]]) -> str:
+    """The conditions met, a line each (Markdown, for TensorBoard's text tab)."""
+    if not events:
+        return "No condition was met: the run looked healthy at every check."
+    return "\n".join(f"- **{e['condition']}** from generator step {e['started']} ({BY_NAME[e['condition']].figure} "
+                     f"{shown(e['value'])})" + (f" to {e['ended']}" if e["ended"] is not None else ", to the end")
+                     for e in events)
