@@ -22,6 +22,7 @@ user pays), and comparisons are ratios. Sections:
 (e) each speed option alone and combined vs fp32 eager, through ``train``: bf16 autocast
     (``trainer.precision=bf16-mixed``), ``data.channels_last=true``, ``train.compile=true``;
 (f) the cost of the per-phase timing itself: ``timing.enabled`` true vs false;
+(h) the health check's cost on every recipe: its own calls timed in a real run, against the recipe's step time;
 (threads) each recipe on one thread against every core; (compile) ``train.compile`` against eager per
     recipe, the cold compile included; (variants) what width, batch or precision would buy the default
     recipe's step; (l) the loop's own fixed cost per generator step, apart from any network, and the GPU
@@ -843,6 +844,68 @@ def phase_cost_us(enabled: bool, calls: int = 20000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+class HealthClock(Probe):
+    """Times the health check's own calls in a run -- its figures, made on the device, and its judging of the
+    numbers read -- a synchronized interval each (the figures' single read rides in the logging step's)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.seconds, self.checks = device, 0.0, 0
+
+    def on_start(self, run: Any) -> None:
+        for name in ("figures", "check"):
+            setattr(run.health, name, self.timed(getattr(run.health, name), counts=name == "check"))
+
+    def timed(self, call: Callable[..., Any], counts: bool) -> Callable[..., Any]:
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            start = time.perf_counter()
+            out = call(*args, **kwargs)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.seconds += time.perf_counter() - start
+            self.checks += counts
+            return out
+
+        return timed_call
+
+
+def health_check_ms(overrides: list[str], checks: int, device: torch.device) -> float:
+    """Milliseconds per health check of a recipe's run, checking every few steps (the figures of a trained
+    network cost what those of a fresh one do: the same shapes)."""
+    every = 5
+    with tempfile.TemporaryDirectory() as tmp:
+        accelerator = "gpu" if device.type == "cuda" else "cpu"
+        cfg = compose_train(*overrides, f"trainer.max_steps={every * checks}", f"health.every={every}",
+                            f"trainer.accelerator={accelerator}", run_dir=Path(tmp) / "run")
+        clock = HealthClock(device)
+        train(cfg, [clock])
+        return clock.seconds * 1e3 / clock.checks
+
+
+def section_h(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, device: torch.device) -> list[str]:
+    """The health check's cost per generator step: one check's time over health.every steps of the recipe's."""
+    rows = ["Each recipe's health check timed in a real run (20 checks, every 5th step; the first dropped), and its "
+            "step time with the check off (median of the rounds): the cost per generator step is one check over "
+            "`health.every` steps. A whole-run A/B of so small a difference would be lost in this machine's noise.",
+            "", "| recipe | one check | step (check off) | `health.every` | cost per step | target |",
+            "|---|---|---|---|---|---|"]
+    mnist_keys = [f"data.root={mnist[0]}", f"data.split={mnist[1]}"]
+    every_recipe = {**recipes(folder, mnist), "mnist_acgan": ["experiment=mnist_acgan", *mnist_keys],
+                    "stacked_mnist": ["experiment=stacked_mnist", *mnist_keys]}
+    for name, overrides in every_recipe.items():
+        if args.recipes and not any(r in name for r in args.recipes):
+            continue
+        every = compose_train(*overrides, run_dir=Path("unused")).health.every
+        check = statistics.median(health_check_ms(overrides, 20, device) for _ in range(args.rounds))
+        step = statistics.median(framework_ms([*overrides, "health.enabled=false"], args.steps, device.type)
+                                 for _ in range(args.rounds))
+        cost = check / (every * step) * 100
+        rows.append(f"| {name} | {check:.2f} ms | {step:.2f} ms | {every} | **{cost:.2f}%** | < 2% |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def section_f(args: argparse.Namespace, device: torch.device) -> list[str]:
     """The timer's cost: directly, per phase block (exact enough to matter), and as whole-run A/B
     medians (which a shared machine's noise may swamp)."""
@@ -876,6 +939,7 @@ SECTIONS = {
     "c": "The detach and freeze decisions (the training step's own code)",
     "d": "Evaluation under no_grad against autograd",
     "f": "The cost of per-phase timing (timing.enabled)",
+    "h": "The cost of the health check (health.enabled)",
     "l": "What the loop itself costs per generator step",
 }
 def main() -> None:
@@ -886,7 +950,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=30, help="(a): blocks of framework steps, each followed by a "
                         "block of bare steps")
     parser.add_argument("--only", nargs="*", choices=[k for k in SECTIONS if k not in ("e", "against")],
-                        default=["a", "ops", "threads", "variants", "b", "c", "d", "f", "l"],
+                        default=["a", "ops", "threads", "variants", "b", "c", "d", "f", "h", "l"],
                         help="sections to run (b includes e; compile only when named)")
     parser.add_argument("--recipes", nargs="*", help="only the recipes whose name contains one of these (a, against)")
     parser.add_argument("--against", metavar="COMMIT", help="also time this commit's train() against COMMIT's")
@@ -921,6 +985,8 @@ def main() -> None:
             sections["against"] = section_against(args.against, folder, mnist, args)
         if "b" in args.only:
             sections["b"], sections["e"] = section_b_e(folder, args, device)
+        if "h" in args.only:
+            sections["h"] = section_h(folder, mnist, args, device)
     if "c" in args.only:
         sections["c"] = section_c(device)
     if "d" in args.only:

@@ -175,3 +175,23 @@ def test_bad_health_settings_are_refused_in_one_line(tmp_path, capsys):
     assert len(error) == 1 and "health.action=warn" in error[0]
     assert not (tmp_path / "run").exists()
 
+
+
+def test_held_out_data_is_what_the_run_never_trains_on():
+    from omegaconf import OmegaConf
+
+    from gan.data.datasets import build_dataset, held_out
+
+    def data(*overrides: str) -> dict:
+        return OmegaConf.to_container(compose_config(*overrides).data, resolve=True)
+
+    few = data("data.limit=40", "data.classes=[3,5]")
+    trained, held = build_dataset(few, 0).tensors, held_out(few, 0).tensors
+    both = build_dataset({**few, "limit": None}, 0).tensors  # every image of classes 3 and 5
+    assert len(trained[0]) == 40 and len(trained[0]) + len(held[0]) == len(both[0])
+    assert set(held[1].tolist()) == {3, 5}
+    rows = {tuple(x.flatten().tolist()) for x in trained[0]}
+    assert not any(tuple(x.flatten().tolist()) in rows for x in held[0])
+    ring = data("data=ring")
+    assert not torch.equal(build_dataset(ring, 0).tensors[0], held_out(ring, 0).tensors[0])  # a fresh draw
+    assert held_out(data(), 0) is None  # every image of the digits trains

@@ -1,0 +1,226 @@
+"""The health check proven on runs broken on purpose: each configuration below trains with train.py's defaults
+for health (on, health.action=warn), then evaluate.py scores it; the table says which conditions fired, at which
+generator step, and the final quality that confirms the failure -- or, for each recipe's own configuration, the
+health.
+
+Usage: python benchmarks/health.py [--out DIR] [--jobs N] [--only NAME ...] [--seeds 0 1 2]
+                                   [--write docs/results.md] [--root MNIST_DIR [--split test]]
+
+Each run is its own train.py process with one thread; ``--jobs`` of them run side by side (give each a core).
+A run already in ``--out`` is read back, not trained again. The MNIST recipes need ``--root`` (a directory
+holding MNIST's raw .gz files) and are left out without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools.blocks import recipe_inputs, write_block  # noqa: E402
+
+# name -> (train.py overrides, the condition it should trip; None: a recipe as it is, which should trip none).
+BROKEN = {
+    "D much faster, saturating loss": (["experiment=digits", "loss=minimax", "reg=none", "augment=none",
+                                        "loss.d_steps=5", "optim.d.lr=0.01"], "d_wins"),
+    "no penalty where the recipe needs one": (["experiment=digits", "reg=none"], "d_wins"),
+    "32 images, no augmentation": (["experiment=digits", "data.limit=32", "augment=none", "trainer.max_steps=6000"],
+                                   "d_memorises"),
+    "learning rates of 1": (["experiment=digits", "optim.g.lr=1", "optim.d.lr=1"], "collapse"),
+    "G's learning rate far too high": (["experiment=ring", "optim.g.lr=0.05", "trainer.max_steps=8000"],
+                                       "collapse"),
+    "WGAN without its penalty": (["experiment=digits", "loss=wgan_gp", "loss.gp_weight=0", "reg=none",
+                                  "augment=none"], "divergence"),
+    "G's learning rate far too high, images": (["experiment=digits", "optim.g.lr=0.05", "reg=none", "augment=none",
+                                                "loss=minimax"], "collapse"),
+}
+# Broken in a way none of the conditions describes: shown with their quality, as what the check does not catch.
+UNCAUGHT = {"networks too small": ["experiment=digits", "model.width=2"]}
+MNIST = ["data.root={root}", "data.split={split}"]
+RECIPES = {"ring": [], "grid": [], "digits": [], "mnist_acgan": MNIST, "mnist": MNIST, "stacked_mnist": MNIST}
+QUALITY = ("fid", "coverage", "modes", "high_quality", "kl")
+
+
+def runs(seeds: list[int], root: str | None, split: str) -> list[tuple[str, list[str], str | None, int]]:
+    """Every (name, overrides, expected condition, seed) to train."""
+    out = [(name, overrides, expected, 0) for name, (overrides, expected) in BROKEN.items()]
+    out += [(name, overrides, "none of them", 0) for name, overrides in UNCAUGHT.items()]
+    for recipe, extra in RECIPES.items():
+        if "{root}" in " ".join(extra) and root is None:
+            continue
+        overrides = [f"experiment={recipe}", *(e.format(root=root, split=split) for e in extra)]
+        out += [(f"recipe {recipe}", overrides, None, seed) for seed in seeds]
+    return out
+
+
+def slug(name: str, seed: int) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_") + f"_seed{seed}"
+
+
+def train_and_score(out: Path, name: str, overrides: list[str], seed: int) -> dict:
+    """Train (unless ``out`` has the run), evaluate, and read back what the health check said."""
+    run = out / slug(name, seed)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if not (run / "eval" / "metrics.json").is_file():
+        for command in (["train.py", f"hydra.run.dir={run}", f"seed={seed}", "train.threads=1",
+                         "trainer.enable_progress_bar=false", *overrides], ["evaluate.py", f"run_dir={run}"]):
+            done = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    conditions, _, closest = judged(run)
+    return {"conditions": conditions, "closest": closest, "metrics": metrics, "steps": metrics["step"],
+            "figures": figures(run)}
+
+
+def judged(run: Path) -> tuple[list[dict], list[tuple[int, float]]]:
+    """The conditions met, as this code's judge (gan/core/health.py) reads the run's logged scalars at its health
+    checks: what the run's own health.json says where its code judged alike, and what it would say now where the
+    judge changed since the run trained (the figures it reads are the step's, which the judge does not touch).
+    Also the blowup figure it computes at each check, and each condition's judged median nearest its threshold."""
+    from omegaconf import OmegaConf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gan.core.health import CONDITIONS, HealthJudge, median
+
+    cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    judge = HealthJudge(round(cfg.health.start * cfg.trainer.max_steps), cfg.health.patience)
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    by_step: dict[int, dict[str, float]] = {}
+    for tag in events.Tags()["scalars"]:
+        for e in events.Scalars(tag):
+            if e.step % cfg.health.every == 0:
+                by_step.setdefault(e.step, {})[tag] = e.value
+    blowups, closest = [], {}
+    for step, numbers in sorted(by_step.items()):
+        numbers["health/blowup"] = judge.blowup(step, numbers)
+        blowups.append((step, numbers["health/blowup"]))
+        judge.judge(step, {k.removeprefix("health/"): v for k, v in numbers.items() if k.startswith("health/")})
+        for condition in CONDITIONS:  # the judged median nearest the threshold, over the judged checks
+            recent = judge.recent[condition.name]
+            if step >= judge.start and len(recent) == judge.patience:
+                typical = median(recent)
+                best = closest.get(condition.name, typical)
+                closest[condition.name] = max(best, typical) if condition.above else min(best, typical)
+    return [vars(e) for e in judge.events], blowups, closest
+
+
+def figures(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """The run's health/* scalars, as TensorBoard holds them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if tag.startswith("health/")}
+
+
+def row(name: str, seed: int, expected: str | None, result: dict) -> str:
+    fired = result["conditions"]
+    steps = result["steps"]
+    said = ", ".join(f"{e['condition']} @ {e['started']}" for e in fired) or "none"
+    if expected is None:
+        nearest = ", ".join(f"{name} {value:.2f}" for name, value in result["closest"].items())
+        verdict = ("none fired" if not fired else "FLAGGED") + f" (judged medians nearest the thresholds: {nearest})"
+    elif expected == "none of them":
+        verdict = "a quality failure: not a condition's" + (" (yet one fired)" if fired else "")
+    else:
+        hit = [e for e in fired if e["condition"] == expected]
+        verdict = (f"caught at {hit[0]['started'] / steps:.0%} of the run" if hit and hit[0]["started"] <= steps / 2
+                   else "caught late" if hit else "MISSED")
+    quality = ", ".join(f"{k} {result['metrics'][k]:.3g}" for k in QUALITY if isinstance(result["metrics"].get(k),
+                                                                                          (int, float)))
+    return f"| {name} | {seed} | {expected or '-'} | {said} | {verdict} | {steps} | {quality} |"
+
+
+def picture(healthy: Path, broken: Path, title: str, path: Path) -> None:
+    """Two runs side by side, as TensorBoard shows them: each health figure over generator steps, its threshold
+    dashed, the judging's start dotted, and the run's last sample grid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from gan.core.health import CONDITIONS
+
+    shown = [c for c in CONDITIONS if any(f"health/{c.figure}" in figures(run) for run in (healthy, broken))]
+    fig, axes = plt.subplots(len(shown) + 1, 2, figsize=(10, 2.1 * len(shown) + 3.6), squeeze=False)
+    for column, (run, name) in enumerate(((healthy, "the digits recipe (healthy)"), (broken, title))):
+        (met, blowups, _), logged = judged(run), figures(run)
+        logged["health/blowup"] = blowups
+        for row, condition in enumerate(shown):
+            ax = axes[row][column]
+            series = logged.get(f"health/{condition.figure}", [])
+            if series:
+                ax.plot(*zip(*series), lw=1.2, color="tab:red" if any(
+                    e["condition"] == condition.name for e in met) else "tab:blue")
+            else:
+                ax.text(0.5, 0.5, "not measured for this data", ha="center", va="center", transform=ax.transAxes)
+            ax.axhline(condition.threshold, ls="--", color="gray", lw=0.8)
+            for e in met:
+                if e["condition"] == condition.name:
+                    ax.axvline(e["started"], color="tab:red", lw=0.8)
+            ax.set_ylabel(condition.figure, fontsize=8)
+            ax.tick_params(labelsize=7)
+            if row == 0:
+                ax.set_title(name + ("\n" + ", ".join(f"{e['condition']} at {e['started']}" for e in met)
+                                     if met else "\nno condition met"), fontsize=9)
+        grid = sorted((run / "samples").glob("step_*.png"))[-1]
+        axes[-1][column].imshow(Image.open(grid))
+        axes[-1][column].set_axis_off()
+        axes[-1][column].set_title(f"samples, {grid.stem.replace('_', ' ')}", fontsize=8)
+    axes[-2][0].set_xlabel("generator step", fontsize=8)
+    axes[-2][1].set_xlabel("generator step", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "health")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--only", nargs="*", help="names (or their start) to run")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--root", help="MNIST's directory, for the MNIST recipes")
+    parser.add_argument("--split", default="train", help="the MNIST split they train on (default: train)")
+    parser.add_argument("--write", type=Path, help="put the table into this markdown file's health block")
+    parser.add_argument("--picture", type=Path, help="draw the healthy digits recipe (seed 0) beside each broken "
+                        "digits run read here, into PATH-<name>.png")
+    args = parser.parse_args()
+    todo = [r for r in runs(args.seeds, args.root, args.split)
+            if not args.only or any(r[0].startswith(o) for o in args.only)]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda r: train_and_score(args.out, r[0], r[1], r[3]), todo))
+    lines = ["| configuration | seed | should trip | fired (generator step) | verdict | steps | final quality |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [row(name, seed, expected, result) for (name, _, expected, seed), result in zip(todo, results)]
+    table = "\n".join(lines)
+    print(table)
+    (args.out / "summary.json").write_text(json.dumps([{"name": n, "seed": s, "overrides": o, "expected": e, **r}
+                                                       for (n, o, e, s), r in zip(todo, results)], indent=1))
+    if args.picture:
+        healthy = args.out / slug("recipe digits", 0)
+        for name, (overrides, expected) in BROKEN.items():
+            run = args.out / slug(name, 0)
+            if "experiment=digits" in overrides and (run / "samples").is_dir():
+                picture(healthy, run, f"{name} ({expected})", args.picture.with_name(
+                    f"{args.picture.stem}-{slug(name, 0).removesuffix('_seed0').lower()}.png"))
+    if args.write:
+        recipes = sorted({o.split("=", 1)[1] for _, overrides, _, _ in todo for o in overrides
+                          if o.startswith("experiment=")})
+        command = "python benchmarks/health.py " + " ".join(sys.argv[1:])
+        write_block(args.write, "health", table, command,
+                    ["gan", *recipe_inputs(*recipes), "train.py", "evaluate.py", "benchmarks/health.py"])
+
+
+if __name__ == "__main__":
+    main()
