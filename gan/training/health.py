@@ -46,15 +46,14 @@ def fixed_set(dataset: Dataset, count: int, seed: int) -> tuple[Tensor, Tensor]:
 
 
 class HealthWatch:
-    """The health of one run: ``every`` (generator steps between checks), ``action`` (``warn`` or ``stop``), the
-    judge of its conditions, and how many examples each fixed set holds (``count``)."""
+    """The health of one run, checked by rank 0 for every rank (they hold the same networks) at the steps the loop
+    says: ``action`` (``warn`` or ``stop``), the judge of its conditions, how many examples each fixed set holds
+    (``count``), where ``health.json`` goes and TensorBoard's writer (None: no TensorBoard)."""
 
-    def __init__(self, every: int, action: str, judge: HealthJudge, count: int, run_dir: Path, writer: Any,
-                 is_global_zero: bool):
-        self.every, self.action, self.judge, self.count = every, action, judge, count
-        self.run_dir, self.writer, self.is_global_zero = Path(run_dir), writer, is_global_zero
-        self.stopped_by: Event | None = None  # the condition that stopped the run (health.action=stop; rank 0)
-        self.stopped = False  # the ranks agreed to stop for it
+    def __init__(self, action: str, judge: HealthJudge, count: int, run_dir: Path, writer: Any):
+        self.action, self.judge, self.count = action, judge, count
+        self.run_dir, self.writer = Path(run_dir), writer
+        self.stopped_by: Event | None = None  # the condition that stops the run (health.action=stop)
         self.trained: tuple[Tensor, Tensor] | None = None
         self.held: tuple[Tensor, Tensor] | None = None
         self.real_spread: float | None = None
@@ -67,12 +66,9 @@ class HealthWatch:
         self.held = on_device(fixed_set(held, self.count, seed), device, dtype) if held is not None else None
         count = min(self.count, len(module.sample_noise))
         self.real_spread = float(spread(self.trained[0][:count]))
-        if self.is_global_zero and held is None:
+        if held is None:
             log.info("health: d_memorises is not watched: every image of this data trains (data.limit=N keeps the "
                      "rest aside, and this check compares D on both)")
-
-    def due(self, step: int) -> bool:
-        return step % self.every == 0
 
     @torch.no_grad()
     def figures(self, module: GANModule, result: StepResult) -> dict[str, Tensor]:
@@ -96,25 +92,27 @@ class HealthWatch:
             labels = torch.zeros_like(labels)
         return module.objective.critic(module.D, images, labels, augment=False)[0]
 
-    def check(self, step: int, numbers: dict[str, float]) -> bool:
+    def check(self, step: int, numbers: dict[str, float]) -> None:
         """Judge the check at generator step ``step`` from the scalars read (``numbers``, to which this adds
-        ``health/blowup``); log what starts and ends. True: the run is to stop here (``health.action=stop``)."""
+        ``health/blowup``); say what starts and ends, in the log and in TensorBoard's text; under
+        ``health.action=stop``, the first condition to start stops the run (``stopped_by``)."""
         numbers["health/blowup"] = self.judge.blowup(step, numbers)
         figures = {name.removeprefix("health/"): v for name, v in numbers.items() if name.startswith("health/")}
         started, ended = self.judge.judge(step, figures)
-        if self.is_global_zero:
-            for event in started:
-                condition = BY_NAME[event.condition]
-                sign = ">=" if condition.above else "<="
-                log.warning(f"health: {event.condition} at generator step {step}: {condition.figure} "
-                            f"{shown(event.value)} {sign} {condition.threshold} (the median of the last "
-                            f"{self.judge.patience} checks): {condition.meaning} (docs/usage.md#training-health)")
-            for event in ended:
-                log.warning(f"health: {event.condition} is over at generator step {step} (since {event.started})")
+        lines = []
+        for event in started:
+            condition = BY_NAME[event.condition]
+            sign = ">=" if condition.above else "<="
+            lines.append(f"health: {event.condition} at generator step {step}: {condition.figure} "
+                         f"{shown(event.value)} {sign} {condition.threshold} (the median of the last "
+                         f"{self.judge.patience} checks): {condition.meaning} (docs/usage.md#training-health)")
+        lines += [f"health: {e.condition} is over at generator step {step} (since {e.started})" for e in ended]
+        for line in lines:
+            log.warning(line)
+            if self.writer is not None:
+                self.writer.add_text("health/events", line, step)
         if started and self.action == "stop":
             self.stopped_by = started[0]
-            return True
-        return False
 
     def summary(self) -> dict[str, Any]:
         """What ``health.json`` holds: each condition met, when it started and ended."""
@@ -125,9 +123,7 @@ class HealthWatch:
                 self.stopped_by.condition}
 
     def at_end(self, step: int) -> None:
-        """The conditions met, to ``<run>/health.json`` and TensorBoard's text (rank 0)."""
-        if not self.is_global_zero:
-            return
+        """The conditions met, to ``<run>/health.json`` and TensorBoard's text."""
         summary = self.summary()
         atomic_write(self.run_dir / FILE, lambda f: f.write((json.dumps(summary, indent=2) + "\n").encode()))
         if self.writer is not None:

@@ -131,9 +131,16 @@ class Training:
         self.loggers = fabric.loggers if self.zero else []
         # What the step reads each time, as plain values: a config read costs microseconds.
         self.d_steps, self.batch_size = cfg.loss.d_steps, cfg.data.batch_size
+        # Generator steps between health checks (0: none); every rank's, though rank 0 alone checks.
+        self.health_every = cfg.health.every if cfg.health.enabled else 0
+        self.health_stopped = False  # the ranks agreed to stop for rank 0's health check
         self.progress: Progress | None = None  # the console's progress bar, made as the steps start
         self.last_losses: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
+
+    def health_due(self, step: int) -> bool:
+        """Whether generator step ``step`` is a health check's (a logging step, on every rank)."""
+        return bool(self.health_every) and step % self.health_every == 0
 
 
 def build(start: Start) -> Training:
@@ -237,8 +244,8 @@ def observe(run: Training) -> None:
                       if cfg.timing.enabled else None)
     run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
     health, judged_from = cfg.health, round(cfg.health.start * cfg.trainer.max_steps)
-    run.health = (HealthWatch(health.every, health.action, HealthJudge(judged_from, health.patience), health.examples,
-                              run_dir, summary_writer(run.loggers), run.zero) if health.enabled else None)
+    run.health = (HealthWatch(health.action, HealthJudge(judged_from, health.patience), health.examples, run_dir,
+                              summary_writer(run.loggers)) if health.enabled and run.zero else None)
 
 
 def resume(run: Training, start: Start) -> None:
@@ -271,7 +278,6 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
     # step reads from the device anyway; on one process the request is read at every step, for nothing.
     agree_every = cfg.log.every if fabric.world_size > 1 else 1
     max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
-    health = run.health
     status = "failed"
     try:
         at_start(run)
@@ -295,7 +301,7 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
                 stop = agree_to_stop(fabric, run.checkpoints.stop_requested)
             # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged;
             # a health check reads its figures with a logging step's scalars.
-            logged = g % log_every == 0 or g == max_steps or stop or (health is not None and health.due(g))
+            logged = g % log_every == 0 or g == max_steps or stop or run.health_due(g)
             with phases.phase("callbacks"):
                 stop = after_step(run, result, g, logged, stop)
                 for probe in probes:
@@ -325,7 +331,7 @@ def at_start(run: Training) -> None:
     if run.metrics is not None:
         measured = run.data.dataset if data.get("limit") is None else population(data, cfg.seed)
         run.metrics.at_start(module, data, measured)
-    if run.health is not None and run.zero:
+    if run.health is not None:
         run.health.at_start(module, run.data.dataset, held_out(data, cfg.seed), cfg.seed)
     run.progress = Progress(cfg.trainer.max_steps, module.counters.g) if cfg.trainer.enable_progress_bar and run.zero \
         else None
@@ -384,10 +390,10 @@ def after_step(run: Training, result: step.StepResult, g: int, logged: bool, sto
     if logged:
         run.guard.read()  # a bad update stops the run before it is logged
         log_step(run, result)
-        if run.health is not None and run.health.due(g):  # stopped by its check: the ranks agree to stop here
-            ill = run.health.stopped_by is not None
-            run.health.stopped = every_rank(run.fabric, ill, all=False) if run.fabric.world_size > 1 else ill
-            stop = run.health.stopped or stop
+        if run.health_due(g):  # rank 0's health check may stop the run: the ranks agree to stop here
+            ill = run.health is not None and run.health.stopped_by is not None
+            run.health_stopped = every_rank(run.fabric, ill, all=False) if run.fabric.world_size > 1 else ill
+            stop = run.health_stopped or stop
     if run.audit is not None:
         run.audit.step_end()
     run.checkpoints.after_step(g, stop)
@@ -416,7 +422,7 @@ def log_step(run: Training, result: step.StepResult) -> None:
         values["augment/p"] = objective.augment.p
     values.update({f"train/skipped_{n}": getattr(module.counters, f"skipped_{n}") for n in "dg"})
     # Rank 0 checks the run's health, for every rank: they hold the same networks (the verdict is agreed on).
-    checking = run.health is not None and run.zero and run.health.due(module.counters.g)
+    checking = run.health is not None and run.health_due(module.counters.g)
     if checking:
         values.update(run.health.figures(module, result))
     numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
@@ -463,8 +469,8 @@ def finish(run: Training) -> Training:
     """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, one its health check
     stopped with :class:`gan.errors.Unhealthy`: each says how to resume."""
     module, run_dir, stopped_by = run.module, run.run_dir, run.checkpoints.stopped_by
-    unhealthy = run.health is not None and run.health.stopped
-    ill = run.health.stopped_by if unhealthy else None  # None on ranks > 0: rank 0 judged
+    unhealthy = run.health_stopped
+    ill = run.health.stopped_by if run.health is not None else None  # None on ranks > 0: rank 0 judged
     if unhealthy:
         stopped_by = f"its health check ({ill.condition if ill else 'on rank 0'})"
     if run.zero:
