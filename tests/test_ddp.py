@@ -147,6 +147,24 @@ def test_a_rank_that_fails_alone_ends_the_ranks_it_started(tmp_path):
     assert left.stdout.split() == []  # no rank left behind
 
 
+def test_rank_0s_health_check_stops_every_rank_at_the_same_step(tmp_path):
+    """health.action=stop under DDP: rank 0 alone judges (here, at once: a tiny run's first samples are alike, judged
+    from step 0); the ranks agree at the check's step, both save nothing but rank 0's last.ckpt of that step, and
+    the command ends with the health check's exit code and its one line."""
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "train.py", "trainer=ddp", *TINY, "trainer.accelerator=cpu",
+                          f"trainer.devices={RANKS}", "eval.every=0", "trainer.max_steps=6", "health.action=stop",
+                          "health.every=2", "health.start=0", "health.patience=1", f"hydra.run.dir={run}"],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "stopped by its health check at generator step 2" in out.stderr
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(saved["state_dict"]["counters.g_updates"]) == 2
+    left = subprocess.run(["pgrep", "-f", f"hydra.run.dir={run}"], capture_output=True, text=True)
+    assert left.stdout.split() == []  # no rank left behind
+
+
 def test_plain_ddp_and_cpu_sync_batchnorm_are_refused_with_the_fix():
     with pytest.raises(ConfigError, match="use trainer=ddp .*ddp_separate.* or trainer=ddp_find_unused"):
         validate(compose_config("trainer.strategy=ddp"))
