@@ -67,8 +67,10 @@ def test_checkpoint_loads_weights_only_with_counters_and_buffers(digits_run):
     assert len(ckpt["optimizer_states"]) == 2
     assert set(ckpt["rng"]) == {"torch", "cuda", "numpy", "python"}
     assert ckpt["hyper_parameters"]["cfg"]["data"]["name"] == "digits"
-    # The training state and nothing else: no loop or callback state of a framework.
-    assert set(ckpt) == {"state_dict", "optimizer_states", "lr_schedulers", "hyper_parameters", "precision", "rng"}
+    # The training state and nothing else: no loop or callback state of a framework (the health check's figures so
+    # far and the conditions met are the run's: a resumed run goes on judging where it stopped).
+    assert set(ckpt) == {"state_dict", "optimizer_states", "lr_schedulers", "hyper_parameters", "precision", "rng",
+                         "health"}
 
 
 def test_resume_continues_from_saved_step(digits_run, tmp_path):
