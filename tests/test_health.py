@@ -197,3 +197,21 @@ def test_held_out_data_is_what_the_run_never_trains_on():
     ring = data("data=ring")
     assert not torch.equal(build_dataset(ring, 0).tensors[0], held_out(ring, 0).tensors[0])  # a fresh draw
     assert held_out(data(), 0) is None  # every image of the digits trains
+
+
+def test_the_other_split_is_held_out_where_its_files_are_there(tmp_path):
+    from omegaconf import OmegaConf
+    from test_data import make_mnist_split
+
+    from gan.data.datasets import build_dataset, held_out
+
+    raw = tmp_path / "MNIST" / "raw"
+    make_mnist_split(raw, "train", 30, seed=1)
+    cfg = OmegaConf.to_container(compose_config("data=mnist", f"data.root={tmp_path}").data, resolve=True)
+    assert held_out(cfg, 0) is None  # the test split is not there, and nothing is downloaded for it
+    test_images, _ = make_mnist_split(raw, "t10k", 20, seed=2)
+    held = held_out(cfg, 0).tensors[0]
+    assert len(held) == 20 and torch.equal(held, build_dataset({**cfg, "split": "test"}, 0).tensors[0])
+    stacked = OmegaConf.to_container(compose_config("data=stacked_mnist", f"data.root={tmp_path}",
+                                                    "data.num_stacks=50").data, resolve=True)
+    assert len(held_out(stacked, 0)) == 50  # stacks of the test split's digits

@@ -116,6 +116,16 @@ def find_idx(raw_dirs: list[Path], stem: str) -> Path | None:
     return None
 
 
+def split_files(name: str, root: str, split: str) -> tuple[list[Path], list[Path | None]]:
+    """Where MNIST-like data ``name`` may hold ``split``'s two files under ``root`` (torchvision's layout, or a bare
+    ``raw/``), and each file found there (None: absent)."""
+    root_path = Path(root).expanduser()
+    raw_dirs = [root_path / {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}[name] / "raw", root_path / "raw"]
+    prefix = {"train": "train", "test": "t10k"}[split]
+    return raw_dirs, [find_idx(raw_dirs, f"{prefix}-{kind}-idx{dims}-ubyte") for kind, dims in (("images", 3),
+                                                                                                  ("labels", 1))]
+
+
 def mnist_like_dataset(name: str, root: str, split: str, download: bool, image_size: int) -> TensorDataset:
     """MNIST / Fashion-MNIST from torchvision's on-disk layout, needing only the requested split.
 
@@ -126,14 +136,11 @@ def mnist_like_dataset(name: str, root: str, split: str, download: bool, image_s
     from torchvision import datasets
 
     tv_class = {"mnist": datasets.MNIST, "fashion_mnist": datasets.FashionMNIST}[name]
-    prefix = {"train": "train", "test": "t10k"}[split]
     root_path = Path(root).expanduser()
-    raw_dirs = [root_path / tv_class.__name__ / "raw", root_path / "raw"]
-    stems = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
-    paths = [find_idx(raw_dirs, stem) for stem in stems]
+    raw_dirs, paths = split_files(name, root, split)
     if None in paths and download:
         tv_class(str(root_path), train=split == "train", download=True)
-        paths = [find_idx(raw_dirs, stem) for stem in stems]
+        raw_dirs, paths = split_files(name, root, split)
     if None in paths:
         raise ConfigError(
             f"{name} {split} files not found under {raw_dirs[0]} or {raw_dirs[1]}: "
@@ -319,15 +326,21 @@ def subset_indices(labels: Tensor, cfg: dict[str, Any], seed: int) -> tuple[Tens
     return keep[order[:limit]].sort().values, keep[order[limit:]].sort().values
 
 
-def held_out(cfg: dict[str, Any], seed: int) -> TensorDataset | None:
+def held_out(cfg: dict[str, Any], seed: int) -> Dataset | None:
     """Real data of the run's distribution that it never trains on, for the health check of a memorising D
     (gan/training/health.py): a fresh draw of a 2D mixture; the images of ``data.classes`` that ``data.limit``
-    left out. None where every image trains (the whole of a dataset, or of its classes)."""
+    left out; the other split of MNIST, Fashion-MNIST, StackedMNIST (stacks of its digits) or CIFAR-10, where its
+    files are there (nothing is downloaded for it). None where every image trains and there is no other split."""
     name = cfg["name"]
     if name in POINT_DATASETS:
         return build_dataset(cfg, seed, split="test")
     if cfg.get("limit") is None:
-        return None
+        other = "test" if cfg.get("split", "train") == "train" else "train"
+        if name in ("mnist", "fashion_mnist", "stacked_mnist"):
+            present = None not in split_files("mnist" if name == "stacked_mnist" else name, cfg["root"], other)[1]
+        else:
+            present = name == "cifar10" and (Path(cfg["root"]).expanduser() / CIFAR10_FOLDER).is_dir()
+        return build_dataset({**cfg, "download": False}, seed, split=other) if present else None
     whole = build_dataset({**cfg, "classes": None, "limit": None}, seed)
     if not isinstance(whole, TensorDataset):
         return None

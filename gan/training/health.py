@@ -67,8 +67,8 @@ class HealthWatch:
         count = min(self.count, len(module.sample_noise))
         self.real_spread = float(spread(self.trained[0][:count]))
         if held is None:
-            log.info("health: d_memorises is not watched: every image of this data trains (data.limit=N keeps the "
-                     "rest aside, and this check compares D on both)")
+            log.info("health: d_memorises is not watched: every image of this data trains, and it has no other split "
+                     "here (data.limit=N keeps the rest aside, and this check compares D on both)")
 
     @torch.no_grad()
     def figures(self, module: GANModule, result: StepResult) -> dict[str, Tensor]:
