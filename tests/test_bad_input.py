@@ -147,6 +147,9 @@ CONFIG_ERRORS = {
                             "model=dcgan: >= 4)",
     ("ckpt_path=/nonexistent.ckpt",): "error: ckpt_path=/nonexistent.ckpt does not exist: give the path of a .ckpt "
                                       "file, e.g. <run>/checkpoints/last.ckpt",
+    ("health.start=1",): "error: health.start=1.0: it must be in [0, 1) (the share of trainer.max_steps after which "
+                         "health conditions are judged)",
+    ("health.every=0",): "error: health.every=0: it must be >= 1 (generator steps between health checks)",
 }
 
 

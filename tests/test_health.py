@@ -171,11 +171,12 @@ def test_the_stop_action_saves_a_checkpoint_that_resumes_exactly(tmp_path, capsy
         assert_identical(straight[key], resumed[key], key)
 
 
-def test_bad_health_settings_are_refused_in_one_line(tmp_path, capsys):
+def test_an_unknown_action_is_refused_in_one_line_and_its_advice_trains(tmp_path, capsys):
     assert run_train(tmp_path / "run", "health.action=halt") == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "health.action=warn" in error[0]
+    assert len(error) == 1 and "use health.action=warn (a line in the log) or health.action=stop" in error[0]
     assert not (tmp_path / "run").exists()
+    assert run_train(tmp_path / "run", "health.action=stop") == 0  # as advised (a tiny run: no check is due)
 
 
 
