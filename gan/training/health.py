@@ -57,6 +57,7 @@ class HealthWatch:
         self.trained: tuple[Tensor, Tensor] | None = None
         self.held: tuple[Tensor, Tensor] | None = None
         self.real_spread: float | None = None
+        self.samples = 0
 
     def at_start(self, module: GANModule, dataset: Dataset, held: Dataset | None, seed: int) -> None:
         """The fixed sets, on the run's device: training images, and (``held``) images D never trains on; the
@@ -64,8 +65,8 @@ class HealthWatch:
         device, dtype = module.device, next(module.D.parameters()).dtype  # as D's weights: bf16-true has bf16 ones
         self.trained = on_device(fixed_set(dataset, self.count, seed), device, dtype)
         self.held = on_device(fixed_set(held, self.count, seed), device, dtype) if held is not None else None
-        count = min(self.count, len(module.sample_noise))
-        self.real_spread = float(spread(self.trained[0][:count]))
+        self.samples = min(self.count, len(module.sample_noise))  # of the fixed noise, against as many real images
+        self.real_spread = float(spread(self.trained[0][:self.samples]))
         if held is None:
             log.info("health: d_memorises is not watched: every image of this data trains, and it has no other split "
                      "here (data.limit=N keeps the rest aside, and this check compares D on both)")
@@ -79,9 +80,8 @@ class HealthWatch:
             with evaluating(module.D):
                 scores = [self.scores(module, images, labels) for images, labels in (self.trained, self.held)]
             figures["health/d_memorisation"] = separation(*scores)
-        count = min(self.count, len(module.sample_noise))
-        labels = module.sample_labels[:count] if module.condition.values else None
-        samples = module.generate(module.sample_noise[:count], labels)
+        labels = module.sample_labels[:self.samples] if module.condition.values else None
+        samples = module.generate(module.sample_noise[:self.samples], labels)
         figures["health/diversity"] = spread(samples) / self.real_spread
         return figures
 
