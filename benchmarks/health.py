@@ -87,11 +87,17 @@ def judged(run: Path) -> tuple[list[dict], list[tuple[int, float]]]:
     """The conditions met, as this code's judge (gan/core/health.py) reads the run's logged scalars at its health
     checks: what the run's own health.json says where its code judged alike, and what it would say now where the
     judge changed since the run trained (the figures it reads are the step's, which the judge does not touch).
-    Also the blowup figure it computes at each check, and each condition's judged median nearest its threshold."""
+    Also the blowup figure it computes at each check, and each condition's judged median nearest its threshold.
+
+    A run trained before ``d_loss_ratio`` was logged gets, in its place, that figure's lower bound from the batch's
+    logged mean outputs: D's loss is convex in its outputs, so its value at their means is at most its mean
+    (Jensen); a run whose bound never trips would not have tripped on the figure itself."""
+    import torch
     from omegaconf import OmegaConf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from gan.core.health import CONDITIONS, HealthJudge, median
+    from gan.core.health import CONDITIONS, HealthJudge, loss_ratio, median
+    from gan.core.losses import get_loss
 
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
     judge = HealthJudge(round(cfg.health.start * cfg.trainer.max_steps), cfg.health.patience)
@@ -102,8 +108,11 @@ def judged(run: Path) -> tuple[list[dict], list[tuple[int, float]]]:
         for e in events.Scalars(tag):
             if e.step % cfg.health.every == 0:
                 by_step.setdefault(e.step, {})[tag] = e.value
-    blowups, closest = [], {}
+    blowups, closest, loss = [], {}, get_loss(cfg.loss.name)
     for step, numbers in sorted(by_step.items()):
+        if "health/d_loss_ratio" not in numbers and loss.chance is not None and "d/real" in numbers:
+            means = (torch.tensor([numbers["d/real"]]), torch.tensor([numbers["d/fake"]]))
+            numbers["health/d_loss_ratio"] = float(loss_ratio(loss, *means))
         numbers["health/blowup"] = judge.blowup(step, numbers)
         blowups.append((step, numbers["health/blowup"]))
         judge.judge(step, {k.removeprefix("health/"): v for k, v in numbers.items() if k.startswith("health/")})
@@ -197,7 +206,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--root", help="MNIST's directory, for the MNIST recipes")
     parser.add_argument("--split", default="train", help="the MNIST split they train on (default: train)")
-    parser.add_argument("--write", type=Path, help="put the table into this markdown file's health block")
+    parser.add_argument("--write", type=Path, help="put the table into this markdown file's block --block")
+    parser.add_argument("--block", default="health", help="the block's name (default: health)")
     parser.add_argument("--picture", type=Path, help="draw the healthy digits recipe (seed 0) beside each broken run "
                         "of PICTURED read here, into PATH-<name>.png")
     args = parser.parse_args()
@@ -223,7 +233,7 @@ def main() -> None:
         recipes = sorted({o.split("=", 1)[1] for _, overrides, _, _ in todo for o in overrides
                           if o.startswith("experiment=")})
         command = "python benchmarks/health.py " + " ".join(sys.argv[1:])
-        write_block(args.write, "health", table, command,
+        write_block(args.write, args.block, table, command,
                     ["gan", *recipe_inputs(*recipes), "train.py", "evaluate.py", "benchmarks/health.py"])
 
 

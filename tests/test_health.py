@@ -13,7 +13,8 @@ import torch
 from conftest import TINY, compose_config, run_main, run_train
 from test_resume import assert_identical
 
-from gan.core.health import CONDITIONS, HealthJudge, separation, spread
+from gan.core.health import CONDITIONS, HealthJudge, loss_ratio, separation, spread
+from gan.core.losses import LOSSES
 from gan.errors import UNHEALTHY
 from gan.training.health import FILE
 from gan.training.loop import train
@@ -28,6 +29,22 @@ def test_separation_is_half_for_alike_scores_and_one_for_scores_apart():
     assert float(separation(torch.ones(4), torch.ones(3))) == 0.5  # ties count half
 
 
+@pytest.mark.parametrize("name", [n for n, loss in LOSSES.items() if loss.chance is not None])
+def test_each_losss_chance_is_ds_loss_at_its_best_constant_output_and_the_ratio_falls_as_d_tells(name):
+    loss = LOSSES[name]
+    constants = torch.linspace(-3, 3, 601)  # D says the same of every input: it cannot tell real from fake
+    at_constants = torch.stack([loss.d(c.expand(8), c.expand(8)) for c in constants])
+    assert float(at_constants.min()) == pytest.approx(loss.chance, rel=1e-4)
+    best = float(constants[at_constants <= at_constants.min() + 1e-6].mean())  # the middle of the best constants
+    torch.manual_seed(0)
+    real, fake = best + 0.01 * torch.randn(256), best + 0.01 * torch.randn(256)
+    assert 0.9 < float(loss_ratio(loss, real, fake)) < 1.1  # unsure: about its value at chance
+    assert float(loss_ratio(loss, real + 0.3, fake - 0.3)) < 0.9  # leaning the right way: lower
+    # Telling them apart with confidence, on its own scale (a logit's, a hinge's margin, least squares' targets):
+    margin = 0.5 if name == "lsgan" else 8.0
+    assert float(loss_ratio(loss, real + margin, fake - margin)) < 0.01
+
+
 def test_spread_is_zero_for_copies_and_scales_with_the_samples():
     torch.manual_seed(0)
     x = torch.randn(64, 1, 8, 8)
@@ -38,7 +55,7 @@ def test_spread_is_zero_for_copies_and_scales_with_the_samples():
 def healthy_figures() -> dict[str, float]:
     """A check of a run that trains well: D unsure, the same on training and held-out images, samples as
     spread as real ones, nothing growing."""
-    return {"d_separation": 0.7, "d_memorisation": 0.52, "diversity": 0.95, "blowup": 0.3}
+    return {"d_loss_ratio": 0.9, "d_memorisation": 0.52, "diversity": 0.95, "blowup": 0.3}
 
 
 @pytest.mark.parametrize("condition", CONDITIONS, ids=lambda c: c.name)
@@ -127,7 +144,7 @@ def test_the_figures_reach_tensorboard_the_summary_and_evaluate(tmp_path):
     assert run_train(run, *HEALTH_EVERY, "trainer.max_steps=4", "data.limit=40") == 0
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    for figure in ("d_separation", "d_memorisation", "diversity", "blowup"):
+    for figure in ("d_loss_ratio", "d_memorisation", "diversity", "blowup"):
         assert [e.step for e in events.Scalars(f"health/{figure}")] == [2, 4]
     assert "health/text_summary" in events.Tags()["tensors"]  # the conditions met, at the end
     # Each start and end as it happens: a tiny run's first checks, judged from step 0, look ill.
@@ -137,6 +154,15 @@ def test_the_figures_reach_tensorboard_the_summary_and_evaluate(tmp_path):
     assert run_main("evaluate", f"run_dir={run}", "num_samples=16", "num_real=16", "classifier_steps=1") == 0
     metrics = json.loads((run / "eval" / "metrics.json").read_text())
     assert metrics["health"] == summary["conditions"]
+
+
+def test_a_wasserstein_critic_is_not_judged_on_its_loss_and_the_log_says_so(tmp_path, caplog):
+    """Its loss has no value at chance to fall from: d_wins is not watched, which the log says once."""
+    with caplog.at_level(logging.INFO, logger="gan.training.health"):
+        train(compose_config(*TINY, *HEALTH_EVERY, "loss=wgan_gp", "trainer.max_steps=2", run_dir=tmp_path / "run"))
+    assert caplog.text.count("health: d_wins is not watched") == 1
+    recent = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["health"]["recent"]
+    assert recent["d_wins"] == [] and recent["collapse"]  # the other figures were checked
 
 
 def test_divergence_fires_on_non_finite_updates_and_not_on_the_healthy_twin(tmp_path, caplog):

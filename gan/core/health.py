@@ -6,8 +6,9 @@ noise batch's samples against real ones); the loop reads them with a logging ste
 transfer. :class:`HealthJudge` turns the numbers read into conditions on the host: each starts when its figure's
 median over the last ``patience`` health checks is past its threshold, and ends when that median is back.
 
-Each figure is scale-free, so one threshold serves every objective (a logistic D's logits and a WGAN critic's
-scores alike) and every dataset; docs/usage.md#training-health says how each threshold was chosen.
+Each figure is a share or a rank, free of the data's scale and the network's, so one threshold serves every
+dataset: D's loss is measured against its own value at chance (the loss's, so a WGAN critic, whose loss has no such
+value, is not judged on it); docs/usage.md#training-health says how each threshold was chosen.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gan.core.losses import AdversarialLoss
+
 
 def separation(higher: Tensor, lower: Tensor) -> Tensor:
     """How often a value of ``higher`` exceeds one of ``lower``, over every pair (ties count half): 0.5 when
@@ -26,6 +29,12 @@ def separation(higher: Tensor, lower: Tensor) -> Tensor:
     The area under D's ROC curve, on the device."""
     diff = higher.detach().float().flatten()[:, None] - lower.detach().float().flatten()[None, :]
     return (diff > 0).float().mean() + 0.5 * (diff == 0).float().mean()
+
+
+def loss_ratio(loss: AdversarialLoss, real_logits: Tensor, fake_logits: Tensor) -> Tensor:
+    """D's loss on a batch's real and fake outputs over its value at chance (``loss.chance``, not None): near 1
+    while D is unsure, falling towards 0 as it tells the two apart with confidence."""
+    return loss.d(real_logits.detach().float(), fake_logits.detach().float()) / loss.chance
 
 
 def spread(x: Tensor) -> Tensor:
@@ -51,8 +60,9 @@ class Condition:
 
 # The conditions and their thresholds (measured: docs/results.md#training-health).
 CONDITIONS = (
-    Condition("d_wins", "d_separation", 0.99, True,
-              "D tells the batch's real images from its fakes almost always, so G's gradient carries little"),
+    Condition("d_wins", "d_loss_ratio", 0.1, False,
+              "D's loss fell to a small share of its value at chance: it tells the batch's real images from its "
+              "fakes with confidence, so G's gradient carries little"),
     Condition("d_memorises", "d_memorisation", 0.80, True,
               "D scores the training images above images it never trained on: it remembers its data"),
     Condition("collapse", "diversity", 0.30, False,

@@ -7,6 +7,7 @@ numerical stability: ``-log(sigmoid(l)) == softplus(-l)`` and ``-log(1 - sigmoid
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,11 +20,14 @@ from gan.errors import ConfigError
 
 @dataclass(frozen=True)
 class AdversarialLoss:
-    """``relativistic``: ``g`` takes ``(fake_logits, real_logits)``, the pairing of each fake with a real."""
+    """``relativistic``: ``g`` takes ``(fake_logits, real_logits)``, the pairing of each fake with a real.
+    ``chance``: ``d``'s value when D cannot tell real from fake (at its best constant output), the level its
+    loss falls from as D learns to tell them; None for the Wasserstein critic, whose loss has no such level."""
 
     d: Callable[[Tensor, Tensor], Tensor]
     g: Callable[..., Tensor]
     relativistic: bool = False
+    chance: float | None = None
 
 
 def sigmoid_d(real: Tensor, fake: Tensor) -> Tensor:
@@ -75,13 +79,14 @@ def rpgan_g(fake: Tensor, real: Tensor) -> Tensor:
     return F.softplus(-(fake - real)).mean()
 
 
-LOSSES = {
-    "nonsaturating": AdversarialLoss(sigmoid_d, nonsaturating_g),
-    "minimax": AdversarialLoss(sigmoid_d, minimax_g),
-    "hinge": AdversarialLoss(hinge_d, critic_g),
-    "lsgan": AdversarialLoss(lsgan_d, lsgan_g),
+LOG2 = math.log(2)
+LOSSES = {  # chance: 2 log 2 at logits 0; hinge's 2 at any constant in [-1, 1]; least squares' 1/4 at 0.5
+    "nonsaturating": AdversarialLoss(sigmoid_d, nonsaturating_g, chance=2 * LOG2),
+    "minimax": AdversarialLoss(sigmoid_d, minimax_g, chance=2 * LOG2),
+    "hinge": AdversarialLoss(hinge_d, critic_g, chance=2.0),
+    "lsgan": AdversarialLoss(lsgan_d, lsgan_g, chance=0.25),
     "wgan_gp": AdversarialLoss(wasserstein_d, critic_g),
-    "rpgan": AdversarialLoss(rpgan_d, rpgan_g, relativistic=True),
+    "rpgan": AdversarialLoss(rpgan_d, rpgan_g, relativistic=True, chance=LOG2),
 }
 
 

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from gan.core.contexts import evaluating
-from gan.core.health import BY_NAME, CONDITIONS, Event, HealthJudge, separation, spread
+from gan.core.health import BY_NAME, CONDITIONS, Event, HealthJudge, loss_ratio, separation, spread
 from gan.files import atomic_write
 
 if TYPE_CHECKING:
@@ -67,6 +67,9 @@ class HealthWatch:
         self.held = on_device(fixed_set(held, self.count, seed), device, dtype) if held is not None else None
         self.samples = min(self.count, len(module.sample_noise))  # of the fixed noise, against as many real images
         self.real_spread = float(spread(self.trained[0][:self.samples]))
+        if module.objective.loss.chance is None:
+            log.info("health: d_wins is not watched: this loss has no value at chance for D's to fall from (a "
+                     "Wasserstein critic's); gradient penalties keep such a critic from winning")
         if held is None:
             log.info("health: d_memorises is not watched: every image of this data trains, and it has no other split "
                      "here (data.limit=N keeps the rest aside, and this check compares D on both)")
@@ -74,8 +77,9 @@ class HealthWatch:
     @torch.no_grad()
     def figures(self, module: GANModule, result: StepResult) -> dict[str, Tensor]:
         """The check's figures, on the device (the loop reads them with the step's other scalars)."""
-        last = result.d[-1]
-        figures = {"health/d_separation": separation(last.real_logits, last.fake_logits)}
+        last, loss, figures = result.d[-1], module.objective.loss, {}
+        if loss.chance is not None:
+            figures["health/d_loss_ratio"] = loss_ratio(loss, last.real_logits, last.fake_logits)
         if self.held is not None:
             with evaluating(module.D):
                 scores = [self.scores(module, images, labels) for images, labels in (self.trained, self.held)]
