@@ -175,6 +175,9 @@ def picture(healthy: Path, broken: Path, title: str, path: Path) -> None:
             if series:
                 ax.plot(*zip(*series), lw=1.2, color="tab:red" if any(
                     e["condition"] == condition.name for e in met) else "tab:blue")
+                values = [v for _, v in series]
+                if min(values) > 0 and max(values) > 100 * min(values):  # a fall by orders of magnitude: shown as one
+                    ax.set_yscale("log")
             else:
                 ax.text(0.5, 0.5, "not measured for this data", ha="center", va="center", transform=ax.transAxes)
                 ax.set_xticks([]), ax.set_yticks([])

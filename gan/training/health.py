@@ -68,8 +68,8 @@ class HealthWatch:
         self.samples = min(self.count, len(module.sample_noise))  # of the fixed noise, against as many real images
         self.real_spread = float(spread(self.trained[0][:self.samples]))
         if module.objective.loss.chance is None:
-            log.info("health: d_wins is not watched: this loss has no value at chance for D's to fall from (a "
-                     "Wasserstein critic's); gradient penalties keep such a critic from winning")
+            log.info("health: d_wins is not watched: a Wasserstein critic's loss has no value at chance to fall "
+                     "from (its gradient penalty is what keeps it from winning)")
         if held is None:
             log.info("health: d_memorises is not watched: every image of this data trains, and it has no other split "
                      "here (data.limit=N keeps the rest aside, and this check compares D on both)")
