@@ -108,9 +108,10 @@ def judged(run: Path) -> tuple[list[dict], list[tuple[int, float]]]:
         for e in events.Scalars(tag):
             if e.step % cfg.health.every == 0:
                 by_step.setdefault(e.step, {})[tag] = e.value
-    blowups, closest, loss = [], {}, get_loss(cfg.loss.name)
+    blowups, closest, loss, bounded = [], {}, get_loss(cfg.loss.name), False
     for step, numbers in sorted(by_step.items()):
         if "health/d_loss_ratio" not in numbers and loss.chance is not None and "d/real" in numbers:
+            bounded = True
             means = (torch.tensor([numbers["d/real"]]), torch.tensor([numbers["d/fake"]]))
             numbers["health/d_loss_ratio"] = float(loss_ratio(loss, *means))
         numbers["health/blowup"] = judge.blowup(step, numbers)
@@ -122,6 +123,8 @@ def judged(run: Path) -> tuple[list[dict], list[tuple[int, float]]]:
                 typical = median(recent)
                 best = closest.get(condition.name, typical)
                 closest[condition.name] = max(best, typical) if condition.above else min(best, typical)
+    if bounded and "d_wins" in closest:
+        closest["d_wins at least"] = closest.pop("d_wins")
     return [vars(e) for e in judge.events], blowups, closest
 
 
@@ -179,7 +182,7 @@ def picture(healthy: Path, broken: Path, title: str, path: Path) -> None:
                 if min(values) > 0 and max(values) > 100 * min(values):  # a fall by orders of magnitude: shown as one
                     ax.set_yscale("log")
             else:
-                ax.text(0.5, 0.5, "not measured for this data", ha="center", va="center", transform=ax.transAxes)
+                ax.text(0.5, 0.5, "not measured for this run", ha="center", va="center", transform=ax.transAxes)
                 ax.set_xticks([]), ax.set_yticks([])
             ax.axhline(condition.threshold, ls="--", color="gray", lw=0.8)
             for e in met:

@@ -26,6 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 MNIST_T10K = ROOT.parent / "shared" / "data" / "mnist_t10k"
 
+# The longest tests first (a recipe trained for a quality check, two-rank runs, sweeps), longest of all at the head:
+# pytest-xdist deals tests to its workers in collection order, so these start on both workers at once rather than
+# leave one worker finishing them alone at the end.
+LONGEST_FIRST = ("test_experiments.py", "test_ddp.py", "test_sweeps.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: in file order within each
+
+
 # Every test run is tiny and CPU-only.
 TINY = ["debug=tiny", "trainer.enable_progress_bar=false"]
 
