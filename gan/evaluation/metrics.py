@@ -255,7 +255,8 @@ class ImageMetrics(nn.Module):
         with evaluating(self.extractor):
             for batch in images.split(self.batch_size):
                 self.fid.update(batch, real=real)
-                self.kid.update(batch, real=real)
+                self.kid.update(batch, real=real)  # the batch FID just embedded: the extractor's features again
+        self.extractor.last = None  # which would hold the images' storage until the next embedding
 
     def score(self, fake: Tensor, seed: int = 0, labels: Tensor | None = None) -> dict[str, Any]:
         """The metrics of generated images ``fake`` against the real ones; ``seed`` picks KID's subsets.
