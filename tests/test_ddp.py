@@ -107,28 +107,15 @@ def test_separate_ddp_keeps_every_rank_equal(separate_ddp):
     assert final["objective.augment.sign_count"] == ada.sign_count == 2 * BATCH * RANKS  # steps 5 and 6, both ranks
 
 
-def test_samples_and_metrics_are_made_once(separate_ddp):
-    run_dir, (rank0, rank1) = separate_ddp
-    # The EMA generator samples on rank 0 only: a grid, a metrics evaluation (64 samples, one forward) and the
-    # health check's samples at steps 3 and 6.
-    assert (rank0["ema_forwards"], rank1["ema_forwards"]) == (6, 0)
-    events = read_events(run_dir / "tensorboard")
-    assert [e.step for e in events.Scalars("health/diversity")] == [3, 6]
-    assert (run_dir / "health.json").is_file()
-    assert [e.step for e in events.Images("samples/grid")] == [3, 6]
-    assert [e.step for e in events.Scalars("metrics/fid")] == [3, 6]
-    assert [e.step for e in events.Scalars("loss/g")] == list(range(1, STEPS + 1))
-    assert sorted(p.name for p in (run_dir / "samples").iterdir()) == ["step_000003.png", "step_000006.png"]
-
-
-def test_find_unused_fallback_trains_bit_identically(separate_ddp, tmp_path):
+def test_find_unused_fallback_trains_bit_identically(request, tmp_path):
     """trainer=ddp_find_unused: each network's DDP searches for unused parameters after every forward and
     broadcasts rank 0's buffers at each; the same run ends in exactly the same state."""
     ranks = train_on_two_ranks(tmp_path / "find_unused", "ddp_find_unused")
     for record in ranks:
         assert record["wrappers"] == {"G": ("DistributedDataParallel", True, True),
                                       "D": ("DistributedDataParallel", True, True)}
-    separate = separate_ddp[1][0]["final"]
+    # Asked for only now: while this run trained, the other worker may have been training separate_ddp.
+    separate = request.getfixturevalue("separate_ddp")[1][0]["final"]
     assert [k for k in separate if not torch.equal(separate[k], ranks[0]["final"][k])] == []
 
 
@@ -163,6 +150,22 @@ def test_rank_0s_health_check_stops_every_rank_at_the_same_step(tmp_path):
     assert int(saved["state_dict"]["counters.g_updates"]) == 2
     left = subprocess.run(["pgrep", "-f", f"hydra.run.dir={run}"], capture_output=True, text=True)
     assert left.stdout.split() == []  # no rank left behind
+
+
+# After the tests that train their own runs: under pytest-xdist, a test dealt to the other worker while the first
+# trains separate_ddp would wait for it, idle.
+def test_samples_and_metrics_are_made_once(separate_ddp):
+    run_dir, (rank0, rank1) = separate_ddp
+    # The EMA generator samples on rank 0 only: a grid, a metrics evaluation (64 samples, one forward) and the
+    # health check's samples at steps 3 and 6.
+    assert (rank0["ema_forwards"], rank1["ema_forwards"]) == (6, 0)
+    events = read_events(run_dir / "tensorboard")
+    assert [e.step for e in events.Scalars("health/diversity")] == [3, 6]
+    assert (run_dir / "health.json").is_file()
+    assert [e.step for e in events.Images("samples/grid")] == [3, 6]
+    assert [e.step for e in events.Scalars("metrics/fid")] == [3, 6]
+    assert [e.step for e in events.Scalars("loss/g")] == list(range(1, STEPS + 1))
+    assert sorted(p.name for p in (run_dir / "samples").iterdir()) == ["step_000003.png", "step_000006.png"]
 
 
 def test_plain_ddp_and_cpu_sync_batchnorm_are_refused_with_the_fix():
