@@ -278,7 +278,6 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
     # step reads from the device anyway; on one process the request is read at every step, for nothing.
     agree_every = cfg.log.every if fabric.world_size > 1 else 1
     max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
-    health_every = run.health_every or max_steps + 1  # no check: never due
     status = "failed"
     try:
         at_start(run)
@@ -302,7 +301,7 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
                 stop = agree_to_stop(fabric, run.checkpoints.stop_requested)
             # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged;
             # a health check reads its figures with a logging step's scalars.
-            logged = g % log_every == 0 or g == max_steps or stop or g % health_every == 0
+            logged = g % log_every == 0 or g == max_steps or stop or run.health_due(g)
             with phases.phase("callbacks"):
                 stop = after_step(run, result, g, logged, stop)
                 for probe in probes:
