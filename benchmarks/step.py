@@ -763,7 +763,7 @@ def bare_loop_us(steps: int, batches: bool) -> float:
         return None
 
     cfg = compose_train("experiment=ring", run_dir=Path("unused"))
-    data = GANData(OmegaConf.to_container(cfg.data, resolve=True), cfg.data.batch_size, cfg.loss.d_steps, 0)
+    data = GANData(OmegaConf.to_container(cfg.data, resolve=True), cfg.loss.d_steps, 0)
     loader = iter(data.loader())
     start = time.perf_counter()
     for _ in range(steps):

@@ -13,6 +13,7 @@ from torch import nn
 import gan.core.step
 import gan.run.build
 import gan.run.module
+import gan.training.assemble
 import gan.training.loop
 from gan.core.audit import AuditError, Snapshot, check_plain_numbers
 from gan.core.models import UNCONDITIONAL
@@ -97,13 +98,13 @@ def adam(parameters):
 
 def planted_optimizers(monkeypatch, change):
     """The loop's build_optimizers with ``change(module, [opt_g, opt_d])`` applied to what it returns."""
-    build = gan.training.loop.build_optimizers
+    build = gan.training.assemble.build_optimizers
 
     def changed(module, optim, max_steps):
         optimizers, schedules = build(module, optim, max_steps)
         return change(module, optimizers) or optimizers, schedules
 
-    monkeypatch.setattr(gan.training.loop, "build_optimizers", changed)
+    monkeypatch.setattr(gan.training.assemble, "build_optimizers", changed)
 
 
 @pytest.mark.parametrize("index,network", [(0, "G"), (1, "D")])

@@ -27,7 +27,7 @@ from gan.data.datasets import (
     mixture_means,
     num_classes,
 )
-from gan.data.sampler import StepBatchSampler
+from gan.data.loader import StepBatchSampler
 from gan.errors import ConfigError
 
 

@@ -19,8 +19,8 @@ from torch.nn.utils.parametrizations import orthogonal, weight_norm
 
 import gan.core.step
 import gan.data.loader
+import gan.training.assemble
 import gan.training.checks
-import gan.training.loop
 from gan.core.audit import AuditError
 from gan.core.freezing import block_names, blocks, freeze
 from gan.core.models import DCGANDiscriminator
@@ -302,11 +302,14 @@ def test_a_source_whose_fourier_features_have_another_scale_is_refused_in_one_li
                        load(ring_run / "checkpoints" / "last.ckpt")["state_dict"]["D.net.1.frequencies"])
 
 
-def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_its_source_once(digits_run, tmp_path,
-                                                                                       monkeypatch):
+@pytest.mark.parametrize("resuming", [False, True], ids=["new", "resumed"])
+def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_each_checkpoint_once(digits_run, finetuned,
+                                                                                           tmp_path, monkeypatch,
+                                                                                           resuming):
     """train.py checks init_from, the frozen blocks and the subset on the data and networks it builds before anything
     is written; the loop trains those (their bit-identity with a build of their own: tools/training_fingerprints.py's
-    finetune case)."""
+    finetune case). A resume of such a run puts its checkpoint's state into those same networks, and never reads
+    init_from's run (its checkpoint holds the weights)."""
     built = {"data": 0, "networks": 0}
 
     def counting(original, kind):
@@ -316,12 +319,14 @@ def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_its_source
         return counted
 
     for module, name, kind in ((gan.training.checks, "build_module", "networks"),
-                               (gan.training.loop, "build_module", "networks"),
+                               (gan.training.assemble, "build_module", "networks"),
                                (gan.training.checks, "build_dataset", "data"),
                                (gan.data.loader, "build_dataset", "data")):
         monkeypatch.setattr(module, name, counting(getattr(module, name), kind))
     source = digits_run / "checkpoints" / "last.ckpt"
+    middle = finetuned / "checkpoints" / "step_000003.ckpt"
     loaded = FilesLoaded(monkeypatch)
-    assert run_train(tmp_path / "run", f"init_from={digits_run}", *FINETUNE) == 0
+    resume = [f"ckpt_path={middle}"] if resuming else []
+    assert run_train(tmp_path / "run", f"init_from={digits_run}", *FINETUNE, *resume) == 0
     assert built == {"data": 1, "networks": 1}
-    assert loaded.count(source) == 1
+    assert (loaded.count(source), loaded.count(middle)) == ((0, 1) if resuming else (1, 0))

@@ -69,17 +69,13 @@ def check_fourier_scale(module: GANModule, checkpoint: dict[str, Any], path: Pat
                           f"model.d_fourier_scale={there}")
 
 
-def start_from(module: GANModule, cfg: dict[str, Any], resumed: dict[str, Any] | None = None) -> list[str]:
+def start_from(module: GANModule, cfg: dict[str, Any]) -> list[str]:
     """Fine-tune ``module`` as the config ``cfg`` (a plain container) asks: its weights from ``init_from`` when it
-    starts fresh; a resume (``ckpt_path``) never reads ``init_from``, whose run may be gone: its checkpoint
-    ``resumed`` (None: not read yet) holds the weights and the record of where it started. Then the frozen blocks.
+    starts fresh (a resume, ``ckpt_path``, never reads ``init_from``, whose run may be gone: its checkpoint holds the
+    weights and the record of where it started, which gan/training/state.py puts back); then the frozen blocks.
     Returns what to log."""
     lines = []
-    if resumed is not None:
-        record = resumed["hyper_parameters"].get("init_from")
-        if record is not None:
-            module.hparams["init_from"] = record
-    elif cfg.get("init_from") is not None and cfg.get("ckpt_path") is None:
+    if cfg.get("init_from") is not None and cfg.get("ckpt_path") is None:
         record = initialise(module, init_checkpoint(cfg["init_from"]))
         module.hparams["init_from"] = record
         lines.append(f"init_from: G, D and the EMA generator of {record['checkpoint']} (its generator step "

@@ -108,6 +108,10 @@ class AutogradAudit:
             *(getattr(module, n).register_forward_pre_hook(self.in_train_mode(n)) for n in "GD"),
         ]
 
+    def at_start(self) -> None:
+        """As the steps start: the frozen weights as the run trains from them (a resume's, once put back)."""
+        self.frozen_weights.take(self.frozen)
+
     def close(self) -> None:
         for hook in self.hooks:
             hook.remove()

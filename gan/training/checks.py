@@ -37,7 +37,7 @@ def check_run_dir(run_dir: Path, ckpt_path: str | None) -> None:
     """Refuse to write a new run over an existing one's checkpoints."""
     existing = run_dir / "checkpoints"
     if existing.is_dir() and any(existing.iterdir()):
-        resuming_here = ckpt_path is not None and Path(ckpt_path).resolve().parent == existing.resolve()
+        resuming_here = ckpt_path is not None and Path(str(ckpt_path)).resolve().parent == existing.resolve()
         if not resuming_here:
             resume = shlex.quote(f"ckpt_path={existing / 'last.ckpt'}")
             raise ConfigError(f"{run_dir} already holds a run's checkpoints: choose a new hydra.run.dir, "
@@ -79,11 +79,13 @@ def validate(cfg: DictConfig) -> DictConfig:
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
-    # What the layers below refuse themselves: the model's condition, the loggers, the run to fine-tune from.
-    d_classifies(cfg.model)  # model.codes beside model.conditional
-    check_loggers(cfg.get("logger") or {})
-    if cfg.init_from is not None and cfg.ckpt_path is None:  # a resume takes its weights from ckpt_path
-        init_checkpoint(cfg.init_from)
+    # What the layers below refuse themselves, given plain values as they take them: the model's condition, the
+    # loggers, the run to fine-tune from.
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    d_classifies(plain["model"])  # model.codes beside model.conditional
+    check_loggers(plain.get("logger") or {})
+    if plain["init_from"] is not None and plain["ckpt_path"] is None:  # a resume takes its weights from ckpt_path
+        init_checkpoint(plain["init_from"])
     return cfg
 
 
@@ -154,8 +156,9 @@ class CheckBeforeWriting(Callback):
 
 @dataclass
 class FineTuned:
-    """A fine-tuning start's networks as the checks built them from the run's seed (``module``, with another run's
-    weights and its frozen blocks), the random state building them left (``rng``), and what to log of it."""
+    """A fine-tuning run's networks as the checks built them from the run's seed (``module``: with another run's
+    weights where it starts, with its frozen blocks), the random state building them left (``rng``), and what to log
+    of it."""
 
     module: GANModule
     rng: torch.Tensor
@@ -188,9 +191,9 @@ def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
     start, and what a resume changes (a refused resume into its own run leaves that run's .hydra/ as it was).
     Returns the run's :class:`Start`, which the loop takes over (:func:`checked`)."""
     given = without_paths(cfg)
-    cfg = validate(cfg)
-    check_run_dir(run_dir, cfg.ckpt_path)
+    check_run_dir(run_dir, cfg.get("ckpt_path"))
     check_writable(run_dir)
+    cfg = validate(cfg)
     start = Start(cfg)
     check_finetune(start)
     if cfg.ckpt_path is not None:
@@ -224,9 +227,8 @@ def without_paths(cfg: DictConfig) -> dict[str, Any]:
 
 def check_finetune(start: Start) -> None:
     """Refuse a subset of the data (``data.classes``, ``data.limit``) it does not have, an ``init_from`` whose
-    networks do not fit this config's, or a ``finetune.freeze_*`` naming no block, by doing each here; a new run
-    keeps what this built (``start.dataset``, ``start.fine_tuned``), a resume builds its networks again to restore
-    them."""
+    networks do not fit this config's, or a ``finetune.freeze_*`` naming no block, by doing each here; the run keeps
+    what this built (``start.dataset``, ``start.fine_tuned``: a resume puts its checkpoint's state into them)."""
     cfg = start.cfg
     container = OmegaConf.to_container(cfg, resolve=True)
     finetune, data = container["finetune"], container["data"]
@@ -241,6 +243,4 @@ def check_finetune(start: Start) -> None:
             torch.manual_seed(cfg.seed)  # as the loop seeds the run before it builds: the same networks
             module = build_module(container, data_shape(data), condition)
             rng = torch.get_rng_state()
-        lines = start_from(module, container)
-        if cfg.ckpt_path is None:
-            start.fine_tuned = FineTuned(module, rng, lines)
+        start.fine_tuned = FineTuned(module, rng, start_from(module, container))

@@ -27,6 +27,7 @@ from gan.files import atomic_write
 
 if TYPE_CHECKING:
     from gan.core.step import StepResult
+    from gan.data.loader import GANData
     from gan.run.module import GANModule
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,10 @@ class HealthWatch:
         self.real_spread: float | None = None
         self.samples = 0
 
-    def at_start(self, module: GANModule, dataset: Dataset, held: Dataset | None, seed: int) -> None:
-        """The fixed sets, on the run's device: training images, and (``held``) images D never trains on; the
-        real images' spread, which the samples' is measured against."""
+    def at_start(self, module: GANModule, data: GANData) -> None:
+        """The fixed sets, on the run's device: training images, and images D never trains on (the data's held-out
+        ones, where it has some); the real images' spread, which the samples' is measured against."""
+        dataset, held, seed = data.dataset, data.held_out(), data.seed
         device, dtype = module.device, next(module.D.parameters()).dtype  # as D's weights: bf16-true has bf16 ones
         self.trained = on_device(fixed_set(dataset, self.count, seed), device, dtype)
         self.held = on_device(fixed_set(held, self.count, seed), device, dtype) if held is not None else None

@@ -1,11 +1,7 @@
-"""The training loop. :func:`train` reads as a run goes -- its checks, the build, the resume, the generator
-steps, the end -- and each part is a function below it, in that order.
-
-On Lightning Fabric, which launches the processes (``trainer=ddp``), places the networks, wraps each for
-DDP and chooses the precision, from the ``trainer.*`` keys. Everything else is decided once, before the
-first step, so that a step pays only for what the run asked for: no wrapper on one device, the loss
-scaler only under float16, the autocast context only under mixed precision.
-"""
+"""The training loop. :func:`train` reads as a run goes -- its checks (gan/training/checks.py), its parts assembled
+(gan/training/assemble.py), the generator steps, the end -- and each part of the loop is a function below it, in that
+order. Lightning Fabric launches the processes (``trainer=ddp``), places the networks and chooses the precision;
+the loop is written out here, step by step."""
 
 from __future__ import annotations
 
@@ -17,47 +13,20 @@ from typing import Any
 
 import torch
 from lightning.fabric import Fabric
-from lightning.fabric.strategies import DDPStrategy
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from gan.config.eval_settings import EvalSettings
 from gan.core import snapshot, step
 from gan.core.audit import check_plain_numbers
 from gan.core.distributed import broadcast_buffers
-from gan.core.health import HealthJudge
-from gan.core.models import g_condition
-from gan.core.phases import PhaseTimer, StepPhases
-from gan.data.datasets import data_shape, held_out, is_points, mixture_means, num_classes, population
-from gan.data.loader import GANData
 from gan.errors import ConfigError, Interrupted, RunError, Unhealthy
-from gan.evaluation.pictures import real_points_for_plot
-from gan.run.build import build_module, build_optimizers
-from gan.run.checkpoint import save_checkpoint
-from gan.run.finetune import start_from
 from gan.run.hold import TRAIN_FIX, holding
-from gan.run.module import GANModule, grad_norm
-from gan.training.autograd_audit import AutogradAudit
-from gan.training.checks import SEPARATE_DDP, Start, check_writable, checked
-from gan.training.fabric_adapter import (
-    autocast,
-    every_rank,
-    kill_other_ranks,
-    load_precision_state,
-    loss_scaler,
-    placed,
-    precision_state,
-    wrapped,
-)
-from gan.training.guard import NonFiniteGuard
-from gan.training.health import HealthWatch
-from gan.training.host import launched_by, prepare_host, slow_bf16_warning
-from gan.training.loggers import build_loggers, summary_writer
-from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
-from gan.training.profiling import build_profiler
-from gan.training.resume import apply_on_resume, restore
-from gan.training.rng import restore_rng, rng_state, separate_rank_streams
-from gan.training.timing import StepTimer
+from gan.run.module import grad_norm
+from gan.training.assemble import assemble
+from gan.training.checks import check_writable, checked
+from gan.training.fabric_adapter import every_rank, kill_other_ranks
+from gan.training.host import launched_by
+from gan.training.state import Training
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +52,7 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> Training:
         with holding(run_dir, "training", TRAIN_FIX):  # train.py: takes over the hold its Hydra callback took
             # train.py, gan.train: the checks they made before anything was written, taken over
             start = checked(cfg, run_dir)
-            prepare_host(start.cfg.train.threads, start.cfg.trainer.devices)
-            run = build(start)
-            resume(run, start)
+            run = assemble(start)
             run_steps(run, probes)
             return finish(run)
     finally:
@@ -112,159 +79,6 @@ def returned_metric(run: Training, name: str) -> float:
         names = ", ".join(sorted(logged)) or "nothing"
         raise RunError(f"metric={name} was not logged by this run (it logged {names}): choose one of those")
     return logged[name]
-
-
-# --- the build: processes, data, networks, optimizers, and what watches the step ------------------------------
-
-class Training:
-    """One run as the loop holds it, built by :func:`build`: its config (``cfg``, and ``container``: the same
-    as plain values), Fabric, the data, ``module`` (the networks and their state, as saved), the optimizers and
-    schedules, ``G`` and ``D`` as the step runs them (their DDP wrappers under trainer=ddp, else the networks
-    themselves), the step's record of its phases and the timer reading it, the run's outputs, and what it logged
-    last (``last_losses``: loss/d and loss/g; ``last_metrics``: the last evaluation's metrics/*)."""
-
-    def __init__(self, cfg: DictConfig, container: dict[str, Any], fabric: Fabric, data: GANData, module: GANModule):
-        self.cfg, self.container = cfg, container
-        self.run_dir = Path(cfg.paths.run_dir)
-        self.fabric, self.data, self.module = fabric, data, module
-        self.zero = fabric.is_global_zero  # rank 0 logs, samples, measures and writes for every rank
-        self.loggers = fabric.loggers if self.zero else []
-        # What the step reads each time, as plain values: a config read costs microseconds.
-        self.d_steps, self.batch_size = cfg.loss.d_steps, cfg.data.batch_size
-        # Generator steps between health checks (0: none); every rank's, though rank 0 alone checks.
-        self.health_every = cfg.health.every if cfg.health.enabled else 0
-        self.health_stopped = False  # the ranks agreed to stop for rank 0's health check
-        self.progress: Progress | None = None  # the console's progress bar, made as the steps start
-        self.last_losses: dict[str, float] = {}
-        self.last_metrics: dict[str, float] = {}
-
-    def health_due(self, step: int) -> bool:
-        """Whether generator step ``step`` is a health check's (a logging step, on every rank)."""
-        return bool(self.health_every) and step % self.health_every == 0
-
-
-def build(start: Start) -> Training:
-    """Everything a run trains with, from its checked config: each piece in the order the next needs it."""
-    cfg = start.cfg
-    container = OmegaConf.to_container(cfg, resolve=True)
-    fabric = build_fabric(container["trainer"], build_loggers(container.get("logger") or {}))
-    fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
-    fabric.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = GANData(container["data"], cfg.data.batch_size, cfg.loss.d_steps, cfg.seed, start.dataset)
-    module, lines = networks(start, container, data)
-    run = Training(cfg, container, fabric, data, module)
-    if run.zero:
-        for line in lines:
-            log.info(line)
-    place(run)
-    observe(run)
-    return run
-
-
-def networks(start: Start, container: dict[str, Any], data: GANData) -> tuple[GANModule, list[str]]:
-    """The run's module -- restored from the checkpoint (a resume), fine-tuned from another run's weights with its
-    frozen blocks (as the checks built it), or new from the run's seed -- and what fine-tuning logs."""
-    if start.fine_tuned is not None:  # built by the checks from the run's seed: the same networks, built once
-        torch.set_rng_state(start.fine_tuned.rng)  # the random stream where building them left it
-        return start.fine_tuned.module, start.fine_tuned.lines
-    # What G takes beside its noise, and which of the data's classes it trains on.
-    condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
-    module = build_module(container, data_shape(container["data"]), condition)
-    if start.checkpoint is not None:  # the state first: fine-tuning freezes blocks of the restored networks
-        restore(module, start.checkpoint, start.cfg.ckpt_path, container, start.changes)
-    # Fine-tuning: another run's weights (unless resuming), then the frozen blocks, before the optimizers exist.
-    return module, start_from(module, container, start.checkpoint)
-
-
-def build_fabric(trainer: dict[str, Any], loggers: list[Any]) -> Fabric:
-    """Fabric from the ``trainer.*`` keys (accelerator, devices, num_nodes, strategy, precision)."""
-    strategy = trainer["strategy"]
-    if strategy == SEPARATE_DDP:
-        # Rank 0's buffers are copied to the others once per step (gan.core.distributed.broadcast_buffers),
-        # not at each of the step's four forwards.
-        strategy = DDPStrategy(broadcast_buffers=False)
-    return Fabric(accelerator=trainer["accelerator"], devices=trainer["devices"], num_nodes=trainer["num_nodes"],
-                  strategy=strategy, precision=trainer["precision"], loggers=loggers)
-
-
-def place(run: Training) -> None:
-    """The networks on their device in their precision, their optimizers, and G and D as the step runs them."""
-    fabric, cfg = run.fabric, run.cfg
-    if run.zero:
-        log.info(f"networks:\n{describe_networks(run.module)}")
-        if warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision)):
-            log.warning(warning)
-    module = run.module
-    if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
-        module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
-    run.module = module = placed(fabric, module)
-    run.optimizers, run.schedules = build_optimizers(module, run.container["optim"], cfg.trainer.max_steps)
-    run.scaler = loss_scaler(fabric)
-    # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
-    run.step_optimizers = fabric.setup_optimizers(*run.optimizers) if run.scaler is not None else tuple(run.optimizers)
-    run.autocast = autocast(fabric)
-    # trainer=ddp: one DistributedDataParallel each for G and D (see configs/trainer/ddp.yaml for why).
-    run.G, run.D = wrapped(fabric, module.G), wrapped(fabric, module.D)
-
-
-def observe(run: Training) -> None:
-    """What watches the step, each attached once: the phase record (which the timer, the guard, the audit and
-    the pictures read), the non-finite guard and the audit (on the optimizers' steps), and the run's outputs."""
-    fabric, cfg, module, run_dir = run.fabric, run.cfg, run.module, run.run_dir
-    run.timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
-    run.phases = phases = StepPhases(run.timer)
-    phases.profiled = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
-    run.guard = guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, run.d_steps, run.scaler,
-                                       lambda ok: every_rank(fabric, ok, all=True))
-    for optimizer in run.optimizers:  # before the audit's hooks: the audit sees the guard's verdict
-        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
-    run.audit = AutogradAudit(module, *run.optimizers, phases, run.d_steps, run.scaler) if cfg.audit else None
-    points = is_points(module.data_shape)
-    run.samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(run.loggers), run.zero,
-                          real_points_for_plot(run.data.dataset) if points else None,
-                          mixture_means(cfg.data.name) if points else None)
-    # What sees each backward: the guard (the loss it judges), the audit, the pictures of the autograd graph.
-    watchers = [w for w in (guard, run.audit, run.samples) if w is not None]
-    scaler = run.scaler
-
-    def backward(loss: Tensor) -> None:  # made once: the step calls it twice per generator step and more
-        for watcher in watchers:
-            watcher.before_backward(loss, phases.network)
-        if scaler is not None:
-            fabric.backward(loss)  # the loss scaled first
-        else:
-            loss.backward()
-
-    run.backward = backward
-    run.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
-                                  lambda path: write_checkpoint(run, path), run.zero, lambda: kill_other_ranks(fabric))
-    run.metrics = (Metrics(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed, run.loggers)
-                   if cfg.eval.every and run.zero else None)
-    run.step_timer = (StepTimer(run.timer, cfg.data.batch_size * fabric.world_size, run.loggers)
-                      if cfg.timing.enabled else None)
-    run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
-    health, judged_from = cfg.health, round(cfg.health.start * cfg.trainer.max_steps)
-    run.health = (HealthWatch(health.action, HealthJudge(judged_from, health.patience), health.examples, run_dir,
-                              summary_writer(run.loggers)) if health.enabled and run.zero else None)
-
-
-def resume(run: Training, start: Start) -> None:
-    """The batches from the module's generator step on, then where the checkpoint left off (a resume): the
-    optimizers' and schedules' state, with this config's rates, the loss scale, and the random streams; then each
-    rank's own streams."""
-    fabric, checkpoint = run.fabric, start.checkpoint
-    run.batches = iter(run.data.loader(run.module.counters.g, fabric.global_rank, fabric.world_size, fabric.device))
-    if checkpoint is not None:
-        for optimizer, state in zip(run.optimizers, checkpoint["optimizer_states"]):
-            optimizer.load_state_dict(state)
-        for schedule, state in zip(run.schedules, checkpoint.get("lr_schedulers", [])):
-            schedule.load_state_dict(state)
-        apply_on_resume(run.container["optim"], run.optimizers, run.schedules)  # this config's, not the checkpoint's
-        load_precision_state(fabric, checkpoint.get("precision", {}))
-        restore_rng(checkpoint["rng"])
-        if run.health is not None and checkpoint.get("health"):  # the conditions met so far, and their streaks
-            run.health.judge.load_state_dict(checkpoint["health"])
-    separate_rank_streams(fabric.global_rank)
 
 
 # --- the generator steps --------------------------------------------------------------------------------------
@@ -320,22 +134,23 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
 
 
 def at_start(run: Training) -> None:
-    """Before the first step: the hyper-parameters logged, the first samples, the metrics' references, the progress
-    bar, the signal handlers, the clocks."""
-    module, cfg = run.module, run.cfg
+    """Before the first step, each output started the same way: the hyper-parameters logged, the first samples, the
+    metrics' and the health check's references, the audit's record of the frozen weights, the progress bar, the
+    signal handlers, the clocks."""
+    module = run.module
     for logger in run.loggers:
         logger.log_hyperparams(module.hparams)
     if run.zero:
         run.samples.at_start(module)
-    data = run.container["data"]
     if run.metrics is not None:
-        measured = run.data.dataset if data.get("limit") is None else population(data, cfg.seed)
-        run.metrics.at_start(module, data, measured)
+        run.metrics.at_start(module, run.data)
     if run.health is not None:
-        run.health.at_start(module, run.data.dataset, held_out(data, cfg.seed), cfg.seed)
-    run.progress = Progress(cfg.trainer.max_steps, module.counters.g) if cfg.trainer.enable_progress_bar and run.zero \
-        else None
-    run.checkpoints.catch_signals()
+        run.health.at_start(module, run.data)
+    if run.audit is not None:
+        run.audit.at_start()
+    if run.progress is not None:
+        run.progress.at_start(module)
+    run.checkpoints.at_start()
     if run.step_timer is not None:
         run.step_timer.at_start()
 
@@ -448,7 +263,8 @@ def at_end(run: Training) -> None:
     run.checkpoints.at_end(run.module.counters.g)
     run.samples.at_end(run.module)
     if run.zero:
-        snapshot.save_snapshot(run.run_dir / snapshot.FILE, run.module.snapshot())
+        generator = run.module.snapshot()  # the EMA generator where there is one, with what it needs to sample
+        snapshot.save_snapshot(run.run_dir / snapshot.FILE, generator)
     if run.health is not None:
         run.health.at_end(run.module.counters.g)
 
@@ -486,39 +302,6 @@ def finish(run: Training) -> Training:
                         "and health.action=warn to go on regardless, or start anew with a fix")
     raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in {last}: resume with "
                       f"the same overrides and {resume}", run.checkpoints.exit_code)
-
-
-def write_checkpoint(run: Training, path: Path) -> None:
-    """The training state to ``path`` (rank 0), once the guard has read that no bad update came before it."""
-    run.guard.read()  # raises rather than let a state after a bad update be saved
-    if run.zero:
-        save_checkpoint(training_state(run), path)
-
-
-def training_state(run: Training) -> dict[str, Any]:
-    """What a checkpoint holds: everything an exact resume needs, as tensors and plain containers (read back
-    with ``torch.load(weights_only=True)``). The keys are those of the checkpoints Lightning's Trainer
-    wrote for earlier releases, which therefore resume too."""
-    module = run.module
-    return {
-        "state_dict": module.state_dict(),
-        "optimizer_states": [optimizer.state_dict() for optimizer in run.optimizers],
-        "lr_schedulers": [schedule.state_dict() for schedule in run.schedules],
-        "hyper_parameters": module.hparams,
-        "precision": precision_state(run.fabric),  # float16's loss scale; empty otherwise
-        "rng": rng_state(),
-        "health": run.health.judge.state_dict() if run.health is not None else {},
-    }
-
-
-def describe_networks(module: GANModule) -> str:
-    """One line per part of the module: its class, parameters, and how many of them train."""
-    lines = []
-    for name, part in module.named_children():
-        total = sum(p.numel() for p in part.parameters())
-        trainable = sum(p.numel() for p in part.parameters() if p.requires_grad)
-        lines.append(f"  {name:<10} {type(part).__name__:<22} {total:>10,} parameters, {trainable:,} trainable")
-    return "\n".join(lines)
 
 
 def log_summary(run: Training, stopped_by: str | None = None) -> None:

@@ -28,6 +28,7 @@ from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hpar
 from gan.evaluation.sampling import sample_and_score
 
 if TYPE_CHECKING:
+    from gan.data.loader import GANData
     from gan.run.module import GANModule
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,8 @@ class Checkpoints:
         for old in sorted(s for s in periodic if s <= step)[:-self.keep]:
             periodic[old].unlink(missing_ok=True)
 
-    def catch_signals(self) -> None:
+    def at_start(self) -> None:
+        """The stopping signals caught from the first step on."""
         if threading.current_thread() is threading.main_thread():  # the only thread signal handlers run in
             self.previous_handlers = {signum: signal.signal(signum, self.request_stop) for signum in STOPPING}
 
@@ -209,10 +211,10 @@ class Metrics:
         self.metrics: MixtureMetrics | ImageMetrics | None = None
         self.last: dict[str, float] = {}  # the last evaluation's metrics/*, as logged (the numbers gan.train returns)
 
-    def at_start(self, module: GANModule, data_cfg: dict[str, Any], dataset: Any) -> None:
+    def at_start(self, module: GANModule, data: GANData) -> None:
         # Built once the module sits on its device; a first run on image data trains the classifier here.
         with own_rng(module.device):  # e.g. building a cached classifier initialises weights
-            self.metrics = build_metrics(data_cfg, dataset, self.settings, module.device)
+            self.metrics = build_metrics(data.cfg, data.population(), self.settings, module.device)
 
     def after_step(self, module: GANModule) -> None:
         step = module.counters.g
@@ -231,8 +233,13 @@ class Metrics:
 class Progress:
     """A bar of generator steps out of ``trainer.max_steps``, with the last logged losses."""
 
-    def __init__(self, total: int, start: int):
-        self.bar = tqdm(total=total, initial=start, desc="generator steps", dynamic_ncols=True)
+    def __init__(self, total: int):
+        self.total = total
+        self.bar: tqdm | None = None
+
+    def at_start(self, module: GANModule) -> None:
+        # Made as the steps start, from the run's generator step (a resume's): its clock times steps alone.
+        self.bar = tqdm(total=self.total, initial=module.counters.g, desc="generator steps", dynamic_ncols=True)
 
     def after_step(self, losses: dict[str, float], logged: bool) -> None:
         self.bar.update(1)
@@ -240,4 +247,5 @@ class Progress:
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in losses.items()}, refresh=False)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()

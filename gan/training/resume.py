@@ -1,31 +1,23 @@
 """What a resume (``ckpt_path=...``) may change: the config saved in the checkpoint
 (``hyper_parameters["cfg"]``) against the one composed now, key by key, each change as gan/config/schema.py
 declares its key (:func:`gan.config.schema.resume_policy`; that module's docstring says what each policy means).
-Here: the changes found (:func:`changes`), refused in one line (:func:`check_changes`) or logged
-(:func:`log_changes`), and set on the restored optimizers (:func:`apply_on_resume`) and state (:func:`restore`).
+Here: the changes found (:func:`changes`) and refused in one line (:func:`check_changes`), before anything is
+written; gan/training/state.py logs the others as it restores the run and sets them on its restored state.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
 
 from gan.config.schema import DECLARED, resume_policy
-from gan.core.models import FourierFeatures
 from gan.errors import ConfigError
-from gan.run.checkpoint import mismatched
 from gan.run.legacy import upgrade_config
-
-log = logging.getLogger(__name__)
 
 # Option groups chosen by name (configs/<group>/<name>.yaml): a changed name is undone by choosing the old option.
 GROUPS = ("data", "model", "loss", "reg", "augment")
@@ -167,70 +159,3 @@ def check_fixed(fixed: list[Change], cfg: DictConfig) -> None:
     raise ConfigError(f"ckpt_path={cfg.ckpt_path}: {'; '.join(c.describe() for c in fixed)}: {why}, so a resume "
                       f"cannot change {'it' if len(fixed) == 1 else 'them'}, not even with resume.allow_changes=true: "
                       f"resume with {undo}{fresh}")
-
-
-def log_changes(found: list[Change]) -> None:
-    """One line per change a resume makes."""
-    for c in found:
-        if c.kind == "refused":
-            log.warning(f"resume: {c.describe()}: the run goes on with it (resume.allow_changes=true)")
-        elif c.kind == "applied":
-            log.info(f"resume: {c.describe()}: applied")
-        else:
-            log.info(f"resume: {c.describe()}: takes effect")
-
-
-def apply_on_resume(optim: dict[str, Any], optimizers: list[Optimizer], schedules: list[LambdaLR]) -> None:
-    """Set the learning rates, betas and ``fused`` of ``optim`` (the composed config's ``optim`` section) on G's and
-    D's ``optimizers`` and the base learning rates of their ``schedules`` (none, or one each), once both are
-    restored from the checkpoint, whose parameter groups hold the options it was trained with. A schedule's current
-    rate is its factor at the restored step times the new base rate: optim.decay=linear goes on along the new line."""
-    for k, (optimizer, settings) in enumerate(zip(optimizers, [optim["g"], optim["d"]])):
-        schedule = schedules[k] if schedules else None
-        lr = float(settings["lr"])
-        state = optimizer.state_dict()
-        if schedule is not None:
-            schedule.base_lrs = [lr] * len(state["param_groups"])
-        for i, group in enumerate(state["param_groups"]):
-            if "initial_lr" in group:  # set by a schedule: the rate it started from
-                group["initial_lr"] = lr
-            group["lr"] = lr if schedule is None else schedule.base_lrs[i] * schedule.lr_lambdas[i](schedule.last_epoch)
-            if "betas" in group and "betas" in settings:
-                group["betas"] = tuple(float(b) for b in settings["betas"])
-            if "fused" in group and "fused" in settings:
-                group["fused"] = bool(settings["fused"])
-        optimizer.load_state_dict(state)  # torch keeps each state as its group's options need (fused: on the device)
-        if schedule is not None:
-            schedule._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() returns
-
-
-@torch.no_grad()
-def restore(module: torch.nn.Module, checkpoint: dict[str, Any], ckpt_path: str, composed: dict[str, Any],
-            found: list[Change]) -> None:
-    """Load the state of ``checkpoint`` (read from ``ckpt_path``) into ``module`` (a GANModule built from the
-    ``composed`` config, a plain container), after logging what the resume changes (``found``); then set on it what
-    the config says of that state where a resume changes it on purpose (resume.allow_changes=true), which the
-    checkpoint's buffers would otherwise bring back: DiffAugment's p, the scale of D's Fourier features, the classes
-    of the grids' rows. A ConfigError for a checkpoint of other networks: torch's own error for such a state is a
-    list of every tensor."""
-    problems = mismatched(module.state_dict(), checkpoint["state_dict"])
-    if problems:
-        overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
-        raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
-                          "resume with the overrides its run was trained with"
-                          + (f" ({overrides})" if overrides.is_file() else ""))
-    log_changes(found)
-    fourier = [m for m in module.D.modules() if isinstance(m, FourierFeatures)]
-    drawn = [m.frequencies.clone() for m in fourier]  # this config's, drawn at its scale from its seed
-    labels = module.sample_labels.clone()  # a function of the config: a row per class trained on
-    module.load_state_dict(checkpoint["state_dict"])
-    changed = {c.key: c for c in found}
-    augment = module.objective.augment
-    if augment is not None and not augment.adaptive:  # DiffAugment's p is its setting (ADA's: fixed, schema.py)
-        augment.p.fill_(float(composed["augment"]["p"]))
-    if "model.d_fourier_scale" in changed:
-        before, after = (float(getattr(changed["model.d_fourier_scale"], end)) for end in ("before", "after"))
-        for features, fresh in zip(fourier, drawn):  # the same directions at the new scale; from 0, this config's
-            features.frequencies.copy_(features.frequencies * (after / before) if before else fresh)
-    if "data.classes" in changed:
-        module.sample_labels.copy_(labels)

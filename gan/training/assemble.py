@@ -1,0 +1,158 @@
+""":func:`assemble` builds a run as the loop (gan/training/loop.py) holds it (gan/training/state.py's ``Training``) from
+the run's checked config (gan/training/checks.py's ``Start``) in one pass: the host's threads, Fabric, the data, the
+networks, the optimizers, what watches the step, and a resume's state put back (gan/training/state.py). Everything
+is decided here, once, so that a step pays only for what the run asked for: no wrapper on one device, the loss
+scaler only under float16, the autocast context only under mixed precision."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from lightning.fabric import Fabric
+from lightning.fabric.strategies import DDPStrategy
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+
+from gan.config.eval_settings import EvalSettings
+from gan.core.health import HealthJudge
+from gan.core.models import g_condition
+from gan.core.phases import PhaseTimer, StepPhases
+from gan.data.datasets import data_shape, is_points, mixture_means, num_classes
+from gan.data.loader import GANData
+from gan.evaluation.pictures import real_points_for_plot
+from gan.run.build import build_module, build_optimizers
+from gan.run.module import GANModule
+from gan.training import state
+from gan.training.autograd_audit import AutogradAudit
+from gan.training.checks import SEPARATE_DDP, Start
+from gan.training.fabric_adapter import autocast, every_rank, kill_other_ranks, loss_scaler, placed, wrapped
+from gan.training.guard import NonFiniteGuard
+from gan.training.health import HealthWatch
+from gan.training.host import prepare_host, slow_bf16_warning
+from gan.training.loggers import build_loggers, summary_writer
+from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
+from gan.training.profiling import build_profiler
+from gan.training.timing import StepTimer
+
+log = logging.getLogger(__name__)
+
+
+def assemble(start: Start) -> state.Training:
+    """Everything a run trains with, from its checked config, each piece in the order the next needs it: the host's
+    threads, the processes, the data, the networks (fine-tuned or new), their placement and optimizers, what
+    watches the step, a resume's state put back, and the batches from the run's generator step on."""
+    cfg = start.cfg
+    container = OmegaConf.to_container(cfg, resolve=True)
+    prepare_host(container["train"]["threads"], container["trainer"]["devices"])
+    fabric = build_fabric(container["trainer"], build_loggers(container.get("logger") or {}))
+    fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
+    fabric.seed_everything(cfg.seed, workers=True, verbose=False)
+    data = GANData(container["data"], container["loss"]["d_steps"], cfg.seed, start.dataset)
+    if start.fine_tuned is not None:  # fine-tuning: built by the checks from the run's seed, so built once
+        torch.set_rng_state(start.fine_tuned.rng)  # the random stream where building them left it
+        module, lines = start.fine_tuned.module, start.fine_tuned.lines
+    else:
+        # What G takes beside its noise, and which of the data's classes it trains on.
+        condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
+        module, lines = build_module(container, data_shape(container["data"]), condition), []
+    run = state.Training(cfg, container, fabric, data, module)
+    if run.zero:
+        for line in lines:
+            log.info(line)
+    place(run)
+    observe(run)
+    if start.checkpoint is not None:  # a resume: the state the checkpoint holds, put back into what was built
+        state.resume(run, start.checkpoint, start.changes)
+    # The batches from the module's generator step on (a resume's), then each rank's own random streams.
+    run.batches = iter(data.loader(run.module.counters.g, fabric.global_rank, fabric.world_size, fabric.device))
+    state.separate_rank_streams(fabric.global_rank)
+    return run
+
+
+def build_fabric(trainer: dict[str, Any], loggers: list[Any]) -> Fabric:
+    """Fabric from the ``trainer.*`` keys (accelerator, devices, num_nodes, strategy, precision)."""
+    strategy = trainer["strategy"]
+    if strategy == SEPARATE_DDP:
+        # Rank 0's buffers are copied to the others once per step (gan.core.distributed.broadcast_buffers),
+        # not at each of the step's four forwards.
+        strategy = DDPStrategy(broadcast_buffers=False)
+    return Fabric(accelerator=trainer["accelerator"], devices=trainer["devices"], num_nodes=trainer["num_nodes"],
+                  strategy=strategy, precision=trainer["precision"], loggers=loggers)
+
+
+def place(run: state.Training) -> None:
+    """The networks on their device in their precision, their optimizers, and G and D as the step runs them."""
+    fabric, cfg = run.fabric, run.cfg
+    if run.zero:
+        log.info(f"networks:\n{describe_networks(run.module)}")
+        if warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision)):
+            log.warning(warning)
+    module = run.module
+    if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
+        module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    run.module = module = placed(fabric, module)
+    run.optimizers, run.schedules = build_optimizers(module, run.container["optim"], cfg.trainer.max_steps)
+    run.scaler = loss_scaler(fabric)
+    # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
+    run.step_optimizers = fabric.setup_optimizers(*run.optimizers) if run.scaler is not None else tuple(run.optimizers)
+    run.autocast = autocast(fabric)
+    # trainer=ddp: one DistributedDataParallel each for G and D (see configs/trainer/ddp.yaml for why).
+    run.G, run.D = wrapped(fabric, module.G), wrapped(fabric, module.D)
+
+
+def observe(run: state.Training) -> None:
+    """What watches the step, each attached once: the phase record (which the timer, the guard, the audit and
+    the pictures read), the non-finite guard and the audit (on the optimizers' steps), and the run's outputs."""
+    fabric, cfg, module, run_dir = run.fabric, run.cfg, run.module, run.run_dir
+    run.timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
+    run.phases = phases = StepPhases(run.timer)
+    phases.profiled = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
+    run.guard = guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, run.d_steps, run.scaler,
+                                       lambda ok: every_rank(fabric, ok, all=True))
+    for optimizer in run.optimizers:  # before the audit's hooks: the audit sees the guard's verdict
+        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
+    run.audit = AutogradAudit(module, *run.optimizers, phases, run.d_steps, run.scaler) if cfg.audit else None
+    points = is_points(module.data_shape)
+    run.samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(run.loggers), run.zero,
+                          real_points_for_plot(run.data.dataset) if points else None,
+                          mixture_means(cfg.data.name) if points else None)
+    # What sees each backward: the guard (the loss it judges), the audit, the pictures of the autograd graph.
+    watchers = [w for w in (guard, run.audit, run.samples) if w is not None]
+    scaler = run.scaler
+
+    def backward(loss: Tensor) -> None:  # made once: the step calls it twice per generator step and more
+        for watcher in watchers:
+            watcher.before_backward(loss, phases.network)
+        if scaler is not None:
+            fabric.backward(loss)  # the loss scaled first
+        else:
+            loss.backward()
+
+    run.backward = backward
+    run.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
+                                  lambda path: state.write_checkpoint(run, path), run.zero,
+                                  lambda: kill_other_ranks(fabric))
+    run.metrics = (Metrics(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed, run.loggers)
+                   if cfg.eval.every and run.zero else None)
+    run.step_timer = (StepTimer(run.timer, cfg.data.batch_size * fabric.world_size, run.loggers)
+                      if cfg.timing.enabled else None)
+    run.progress = Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and run.zero else None
+    run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
+    health, judged_from = cfg.health, round(cfg.health.start * cfg.trainer.max_steps)
+    run.health = (HealthWatch(health.action, HealthJudge(judged_from, health.patience), health.examples, run_dir,
+                              summary_writer(run.loggers)) if health.enabled and run.zero else None)
+
+
+# --- the generator steps --------------------------------------------------------------------------------------
+
+
+def describe_networks(module: GANModule) -> str:
+    """One line per part of the module: its class, parameters, and how many of them train."""
+    lines = []
+    for name, part in module.named_children():
+        total = sum(p.numel() for p in part.parameters())
+        trainable = sum(p.numel() for p in part.parameters() if p.requires_grad)
+        lines.append(f"  {name:<10} {type(part).__name__:<22} {total:>10,} parameters, {trainable:,} trainable")
+    return "\n".join(lines)
