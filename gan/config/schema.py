@@ -23,7 +23,7 @@ their class and schedule, where the run started, the sample noise: refused even 
 the composed config), ``free`` (how the run executes or reads its data: takes effect as given; the default) and
 ``ignored`` (where the run is and resumes from). A refused key whose value the checkpoint's state holds
 (``augment.p``, ``model.d_fourier_scale``, ``data.classes``: the grids' rows) is set on the restored state when
-allowed (gan/training/resume.py).
+allowed (gan/training/state.py).
 
 A key may also declare the ``values`` it takes (``trainer.precision``) or a ``pattern`` its value matches:
 :func:`conform` refuses any other, with its ``meaning``; and bounds (``least``, ``above``, ``most``, ``below``):

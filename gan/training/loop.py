@@ -207,7 +207,7 @@ def after_step(run: Training, result: step.StepResult, g: int, logged: bool, sto
         log_step(run, result)
         if run.health_due(g):  # rank 0's health check may stop the run: the ranks agree to stop here
             ill = run.health is not None and run.health.stopped_by is not None
-            run.health_stopped = every_rank(run.fabric, ill, all=False) if run.fabric.world_size > 1 else ill
+            run.health_stopped = agree_to_stop(run.fabric, ill)
             stop = run.health_stopped or stop
     if run.audit is not None:
         run.audit.step_end()
@@ -251,7 +251,8 @@ def log_step(run: Training, result: step.StepResult) -> None:
 
 
 def agree_to_stop(fabric: Fabric, requested: bool) -> bool:
-    """Whether any rank was asked to stop (a signal): one all-reduce of one number under DDP, none on one process."""
+    """Whether any rank was asked to stop (a signal, or rank 0's health check): one all-reduce of one number under
+    DDP, none on one process."""
     return every_rank(fabric, requested, all=False) if fabric.world_size > 1 else requested
 
 
