@@ -199,7 +199,7 @@ def test_bf16_on_a_cpu_without_bf16_units_warns_and_names_the_fix(tmp_path, monk
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     cfg = compose_config("debug=tiny", "trainer.max_steps=1", "trainer.enable_progress_bar=false",
                          f"trainer.precision={precision}", run_dir=tmp_path)
-    with caplog.at_level("WARNING", logger="gan.training.loop"):
+    with caplog.at_level("WARNING", logger="gan.training.assemble"):
         train(cfg)
     lines = [r.getMessage() for r in caplog.records if "bf16" in r.getMessage()]
     # following the advice (32-true) trains without the warning
@@ -213,6 +213,6 @@ def test_bf16_on_this_cpu_with_bf16_units_trains_without_the_warning(tmp_path, c
         pytest.skip("this CPU has no bf16 units")
     cfg = compose_config("debug=tiny", "trainer.max_steps=1", "trainer.enable_progress_bar=false",
                          "trainer.precision=bf16-mixed", run_dir=tmp_path)
-    with caplog.at_level("WARNING", logger="gan.training.loop"):
+    with caplog.at_level("WARNING", logger="gan.training.assemble"):
         train(cfg)
     assert not [r for r in caplog.records if "bf16" in r.getMessage()]

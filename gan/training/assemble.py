@@ -145,9 +145,6 @@ def observe(run: state.Training) -> None:
                               summary_writer(run.loggers)) if health.enabled and run.zero else None)
 
 
-# --- the generator steps --------------------------------------------------------------------------------------
-
-
 def describe_networks(module: GANModule) -> str:
     """One line per part of the module: its class, parameters, and how many of them train."""
     lines = []

@@ -76,8 +76,8 @@ class AutogradAudit:
     optimizers ``opt_g`` and ``opt_d``. Which update a backward or an optimizer step belongs to is read
     from the step's own record of its phases (``phases``: gan/core/phases.py), not guessed; ``d_steps``: D's
     updates per generator step (loss.d_steps). ``scaler``: float16's GradScaler, or None. The loop calls
-    :meth:`step_start`, :meth:`before_backward` and :meth:`step_end`; the optimizers' step hooks and G's and D's
-    forward pre-hooks, registered here, do the rest, and :meth:`close` removes them."""
+    :meth:`at_start` once, then :meth:`step_start`, :meth:`before_backward` and :meth:`step_end`; the optimizers'
+    step hooks and G's and D's forward pre-hooks, registered here, do the rest, and :meth:`close` removes them."""
 
     def __init__(self, module: Any, opt_g: Optimizer, opt_d: Optimizer, phases: StepPhases, d_steps: int,
                  scaler: Any = None):
@@ -109,8 +109,12 @@ class AutogradAudit:
         ]
 
     def at_start(self) -> None:
-        """As the steps start: the frozen weights as the run trains from them (a resume's, once put back)."""
+        """As the steps start, the weights the checks compare with are those the run trains from (a resume's, put
+        back after the audit was attached): the frozen ones, G's and D's, and D's state."""
         self.frozen_weights.take(self.frozen)
+        for n in "GD":
+            self.weights[n].take(self.tensors[n])
+        self.d_state.take(self.d_kept)
 
     def close(self) -> None:
         for hook in self.hooks:

@@ -29,7 +29,7 @@ from gan.training.loggers import check_loggers
 from gan.training.resume import Change, changes_from, check_changes
 
 # trainer.strategy=ddp_separate (configs/trainer/ddp.yaml): G and D each in a DistributedDataParallel of its own,
-# built by the loop (gan/training/loop.py).
+# built with the run (gan/training/assemble.py).
 SEPARATE_DDP = "ddp_separate"
 
 
@@ -146,7 +146,7 @@ class CheckBeforeWriting(Callback):
         run_dir = Path(config.hydra.run.dir)
         task = OmegaConf.to_container(config)
         del task["hydra"]
-        task["paths"]["run_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} will be; not set yet
+        task["paths"]["run_dir"] = os.path.abspath(run_dir)  # what ${hydra:runtime.output_dir} will be; not set yet
         with reported():  # Hydra turns an exception raised in a callback into a warning, and runs on
             check_run_dir_key(OmegaConf.to_container(config, resolve=False)["paths"]["run_dir"])
             check_writable(run_dir)
@@ -170,7 +170,7 @@ class Start:
     """A training run's checked config (``cfg``), where a resume starts -- its checkpoint, read once, and what the
     config changes of the one it was trained with (``changes``, gan/training/resume.py); None and [] for a new run
     -- and what the checks built that the run uses as it is: the ``dataset`` of a subset or a fine-tuning start,
-    and a new fine-tuning run's networks (``fine_tuned``)."""
+    and a fine-tuning run's networks (``fine_tuned``; a resume puts its checkpoint's state into them)."""
 
     cfg: DictConfig
     checkpoint: dict[str, Any] | None = None
@@ -240,7 +240,7 @@ def check_finetune(start: Start) -> None:
     if starts:
         condition = g_condition(container["model"], num_classes(start.dataset), data.get("classes"))
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)  # as the loop seeds the run before it builds: the same networks
+            torch.manual_seed(cfg.seed)  # as assemble seeds the run before it builds: the same networks
             module = build_module(container, data_shape(data), condition)
             rng = torch.get_rng_state()
         start.fine_tuned = FineTuned(module, rng, start_from(module, container))

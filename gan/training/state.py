@@ -173,7 +173,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Every stream as :func:`rng_state` saved it; called just before the first step a resumed run takes."""
+    """Every stream as :func:`rng_state` saved it; the last of a resume's state put back (:func:`resume`)."""
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
