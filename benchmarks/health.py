@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -238,7 +239,7 @@ def main() -> None:
     if args.write:
         recipes = sorted({o.split("=", 1)[1] for _, overrides, _, _ in todo for o in overrides
                           if o.startswith("experiment=")})
-        command = "python benchmarks/health.py " + " ".join(sys.argv[1:])
+        command = "python " + shlex.join(["benchmarks/health.py", *sys.argv[1:]])  # as a shell takes it back
         write_block(args.write, args.block, table, command,
                     ["gan", *recipe_inputs(*recipes), "train.py", "evaluate.py", "benchmarks/health.py"])
 
