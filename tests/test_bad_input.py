@@ -380,3 +380,4 @@ def test_a_checkpoint_of_other_networks_lists_the_mismatched_tensors(digits_run,
         "checkpoint, (64, 8, 4, 4) here; G.net.2.weight (16,) in the checkpoint, (8,) here; G.net.2.bias (16,) in the "
         "checkpoint, (8,) here; 27 more): resume with the overrides its run was trained with "
         f"({digits_run / '.hydra' / 'overrides.yaml'})")
+    assert not list((tmp_path / "run").rglob("events.out.tfevents*"))  # refused before the loggers write a thing

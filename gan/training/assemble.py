@@ -57,6 +57,8 @@ def assemble(start: Start) -> state.Training:
         # What G takes beside its noise, and which of the data's classes it trains on.
         condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
         module, lines = build_module(container, data_shape(container["data"]), condition), []
+    if start.checkpoint is not None:  # a resume of other networks is refused before anything is placed or logged
+        state.check_fits(module, start.checkpoint, cfg.ckpt_path)
     run = state.Training(cfg, container, fabric, data, module)
     if run.zero:
         for line in lines:

@@ -88,7 +88,7 @@ def resume(run: Training, checkpoint: dict[str, Any], found: list[Change]) -> No
     resume changes (``found``): the module's state, the optimizers' and schedules' with this config's rates, the
     loss scale, the health check's conditions and streaks, the record of a fine-tuning run's start, and the random
     streams."""
-    restore_module(run.module, checkpoint, run.cfg.ckpt_path, run.container, found)
+    restore_module(run.module, checkpoint, run.container, found)
     if (record := checkpoint["hyper_parameters"].get("init_from")) is not None:  # never read init_from again
         run.module.hparams["init_from"] = record
     for optimizer, state in zip(run.optimizers, checkpoint["optimizer_states"]):
@@ -102,21 +102,25 @@ def resume(run: Training, checkpoint: dict[str, Any], found: list[Change]) -> No
     restore_rng(checkpoint["rng"])
 
 
-@torch.no_grad()
-def restore_module(module: GANModule, checkpoint: dict[str, Any], ckpt_path: str, composed: dict[str, Any],
-                   found: list[Change]) -> None:
-    """Load the state of ``checkpoint`` (read from ``ckpt_path``) into ``module`` (a GANModule built from the
-    ``composed`` config, a plain container), after logging what the resume changes (``found``); then set on it what
-    the config says of that state where a resume changes it on purpose (resume.allow_changes=true), which the
-    checkpoint's buffers would otherwise bring back: DiffAugment's p, the scale of D's Fourier features, the classes
-    of the grids' rows. A ConfigError for a checkpoint of other networks: torch's own error for such a state is a
-    list of every tensor."""
+def check_fits(module: GANModule, checkpoint: dict[str, Any], ckpt_path: str) -> None:
+    """Refuse a checkpoint (read from ``ckpt_path``) of other networks than ``module``, as soon as the networks are
+    built, before anything is placed or logged: torch's own error for such a state is a list of every tensor."""
     problems = mismatched(module.state_dict(), checkpoint["state_dict"])
     if problems:
         overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
         raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
                           "resume with the overrides its run was trained with"
                           + (f" ({overrides})" if overrides.is_file() else ""))
+
+
+@torch.no_grad()
+def restore_module(module: GANModule, checkpoint: dict[str, Any], composed: dict[str, Any],
+                   found: list[Change]) -> None:
+    """Load the state of ``checkpoint`` into ``module`` (a GANModule built from the ``composed`` config, a plain
+    container, that :func:`check_fits` let through), after logging what the resume changes (``found``); then set on
+    it what the config says of that state where a resume changes it on purpose (resume.allow_changes=true), which
+    the checkpoint's buffers would otherwise bring back: DiffAugment's p, the scale of D's Fourier features, the
+    classes of the grids' rows."""
     for c in found:  # one line per change the resume makes
         if c.kind == "refused":
             log.warning(f"resume: {c.describe()}: the run goes on with it (resume.allow_changes=true)")
