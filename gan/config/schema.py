@@ -29,6 +29,8 @@ A key may also declare the ``values`` it takes (``trainer.precision``) or a ``pa
 :func:`conform` refuses any other, with its ``meaning``; and bounds (``least``, ``above``, ``most``, ``below``):
 :func:`conform` refuses a number outside them, in a line generated from them and the key's ``meaning``.
 
+An optimizer's keys are checked as torch builds them (:func:`check_optimizer`: Adam's two betas, each in [0, 1)).
+
 A key renamed declares its old names (``was``): a run's saved config holds them, and gan/run/legacy.py moves their
 values to the new name; on the command line they are refused in one line naming the new one (:func:`moved`).
 """
@@ -41,6 +43,8 @@ from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, get_type_hints
 
+import torch
+from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
@@ -435,6 +439,27 @@ def bounds(declared: dict[str, Any]) -> str:
 
 
 SIGNS = {"least": ">=", "above": ">", "most": "<=", "below": "<"}
+
+
+def check_optimizer(name: str, optimizer: DictConfig) -> None:
+    """Refuse an optimizer (``optim.g``, ``optim.d``, conformed) whose betas lie out of range (a rule on a list's
+    length and each of its numbers, which the bounds declared above, on one number each, do not say), or that torch
+    cannot build from its keys: torch would refuse it with a traceback once the run directory is written, or not at
+    all (three betas fail only at the first step)."""
+    betas = optimizer.get("betas")
+    if betas is not None and (len(betas) != 2 or not all(0 <= beta < 1 for beta in betas)):
+        raise ConfigError(f"{name}.betas={list(betas)}: Adam's betas are two numbers in [0, 1), the decay rates of "
+                          f"its running gradient mean and square: e.g. {name}.betas=[0.5,0.999]")
+    if not optimizer._partial_:
+        raise ConfigError(f"{name}._partial_=false: the run passes each network's parameters to its "
+                          f"optimizer: set {name}._partial_=true")
+    try:  # on one parameter: what torch refuses of any optimizer's keys, as the run would build it
+        instantiate(optimizer)([torch.zeros(1, requires_grad=True)])
+    except Exception as e:  # a class that is no optimizer, or does not take these keys
+        keys = ", ".join(k for k in optimizer if not k.startswith("_"))
+        raise ConfigError(f"{name}._target_={optimizer._target_} cannot be built with {keys} "
+                          f"({type(e).__name__}: {str(e).splitlines()[0]}): give a torch.optim optimizer that "
+                          f"takes them, e.g. {name}._target_=torch.optim.Adam") from None
 
 
 # Every old name of a key (its declaration's ``was``), and the key it is now.

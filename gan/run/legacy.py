@@ -1,9 +1,9 @@
 """Checkpoints and saved configs written by earlier versions of this project, brought to the current layout
 in one place. :func:`upgrade` runs on every checkpoint read (gan/run/checkpoint.py's ``read_checkpoint``: for a
 resume, ``init_from=`` and evaluate.py); :func:`upgrade_config` also runs on a composed config before a resume
-compares it with the checkpoint's (gan/training/resume.py). The top-level keys the loop reads (``state_dict``,
-``optimizer_states``, ``lr_schedulers``, ``hyper_parameters``, ``rng``) are those of every version's
-checkpoints, Lightning Trainer's included, so they need no upgrade."""
+compares it with the checkpoint's (gan/training/checks.py, for gan/training/resume.py). The top-level keys the
+loop reads (``state_dict``, ``optimizer_states``, ``lr_schedulers``, ``hyper_parameters``, ``rng``) are those of
+every version's checkpoints, Lightning Trainer's included, so they need no upgrade."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def upgrade_subset(condition: dict[str, Any] | None, classes: list[int] | None, 
 def upgrade_config(cfg: dict[str, Any]) -> None:
     """A saved config (a plain dict) with its keys' old names renamed (gan/config/schema.py's ``was``) and the keys
     added since at the values older runs trained with, in place. Also applied to a composed config before it is
-    compared with a checkpoint's (gan/training/resume.py): a key one side lacks and the other holds at its old
+    compared with a checkpoint's (gan/training/checks.py): a key one side lacks and the other holds at its old
     value is no change."""
     for old, new in RENAMED.items():
         *sections, key = old.split(".")

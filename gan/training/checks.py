@@ -11,12 +11,11 @@ from typing import Any
 
 import torch
 from hydra.experimental.callback import Callback
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import Dataset
 
 from gan.cli import reported
-from gan.config.schema import TrainConfig, conform
+from gan.config.schema import TrainConfig, check_optimizer, conform
 from gan.core.models import d_classifies, g_condition
 from gan.data.datasets import build_dataset, data_shape, num_classes
 from gan.errors import ConfigError
@@ -24,6 +23,7 @@ from gan.run.build import build_module
 from gan.run.checkpoint import read_checkpoint
 from gan.run.finetune import init_checkpoint, start_from
 from gan.run.hold import TRAIN_FIX, held_for_task
+from gan.run.legacy import upgrade_config
 from gan.run.module import GANModule
 from gan.training.loggers import check_loggers
 from gan.training.resume import Change, changes_from, check_changes
@@ -56,6 +56,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     """``cfg`` with its values converted to their types and within the bounds gan/config/schema.py declares for each
     key (its ``conform``), then checked across keys and against this machine; a ConfigError names the first
     problem and the fix."""
+    check_accelerator(str(cfg.trainer.accelerator))  # a name, whatever its type: a device this machine has
     cfg = conform(cfg, TrainConfig)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
@@ -68,7 +69,6 @@ def validate(cfg: DictConfig) -> DictConfig:
                           "buffers copied once a step, or with the search at every backward and the buffers broadcast "
                           f"at every forward: use trainer=ddp ({SEPARATE_DDP}, the first) or trainer=ddp_find_unused "
                           "(the second)")
-    check_accelerator(str(cfg.trainer.accelerator))
     if cfg.trainer.get("sync_batchnorm", False) and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
         raise ConfigError("trainer.sync_batchnorm=true needs CUDA devices (torch's SyncBatchNorm does not run on "
                           "CPUs): leave it false here")
@@ -87,27 +87,6 @@ def validate(cfg: DictConfig) -> DictConfig:
     if plain["init_from"] is not None and plain["ckpt_path"] is None:  # a resume takes its weights from ckpt_path
         init_checkpoint(plain["init_from"])
     return cfg
-
-
-def check_optimizer(name: str, optimizer: DictConfig) -> None:
-    """Refuse an optimizer (``optim.g``, ``optim.d``) whose betas lie out of range (a rule on a list's length and
-    each of its numbers, which gan/config/schema.py's bounds, on one number each, do not say), or that torch cannot
-    build from its keys: torch would refuse it with a traceback once the run directory is written, or not at all
-    (three betas fail only at the first step)."""
-    betas = optimizer.get("betas")
-    if betas is not None and (len(betas) != 2 or not all(0 <= beta < 1 for beta in betas)):
-        raise ConfigError(f"{name}.betas={list(betas)}: Adam's betas are two numbers in [0, 1), the decay rates of "
-                          f"its running gradient mean and square: e.g. {name}.betas=[0.5,0.999]")
-    if not optimizer._partial_:
-        raise ConfigError(f"{name}._partial_=false: the run passes each network's parameters to its "
-                          f"optimizer: set {name}._partial_=true")
-    try:  # on one parameter: what torch refuses of any optimizer's keys, as the run would build it
-        instantiate(optimizer)([torch.zeros(1, requires_grad=True)])
-    except Exception as e:  # a class that is no optimizer, or does not take these keys
-        keys = ", ".join(k for k in optimizer if not k.startswith("_"))
-        raise ConfigError(f"{name}._target_={optimizer._target_} cannot be built with {keys} "
-                          f"({type(e).__name__}: {str(e).splitlines()[0]}): give a torch.optim optimizer that "
-                          f"takes them, e.g. {name}._target_=torch.optim.Adam") from None
 
 
 # trainer.accelerator values that name a kind of device, and whether this machine has one (Lightning's own
@@ -197,8 +176,10 @@ def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
     start = Start(cfg)
     check_finetune(start)
     if cfg.ckpt_path is not None:
-        start.checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")
-        start.changes = changes_from(start.checkpoint, OmegaConf.to_container(cfg, resolve=True))
+        start.checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path")  # in the current layout, as read
+        composed = OmegaConf.to_container(cfg, resolve=True)
+        upgrade_config(composed)  # alike: a key this config's options lack at the value older runs trained with
+        start.changes = changes_from(start.checkpoint, composed)
         check_changes(start.changes, cfg)
     CHECKED[run_dir.expanduser().resolve()] = (given, start)
     return start

@@ -7,7 +7,6 @@ written; gan/training/state.py logs the others as it restores the run and sets t
 
 from __future__ import annotations
 
-import copy
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from gan.config.schema import DECLARED, resume_policy
 from gan.errors import ConfigError
-from gan.run.legacy import upgrade_config
 
 # Option groups chosen by name (configs/<group>/<name>.yaml): a changed name is undone by choosing the old option.
 GROUPS = ("data", "model", "loss", "reg", "augment")
@@ -85,11 +83,9 @@ def changes_from(checkpoint: dict[str, Any], composed: dict[str, Any]) -> list[C
 def changes(saved: dict[str, Any], composed: dict[str, Any]) -> list[Change]:
     """Every key whose value differs between the checkpoint's config ``saved`` and the ``composed`` one
     (plain containers, interpolations resolved), in the composed config's order; keys that only one of
-    them has come last. Keys added to the configs since an older run (gan/run/legacy.py) count at
-    the value that run trained with."""
-    saved, composed = copy.deepcopy(saved), copy.deepcopy(composed)
-    for cfg in (saved, composed):
-        upgrade_config(cfg)
+    them has come last. Both are in the current layout (gan/run/legacy.py's ``upgrade_config``: a checkpoint's as
+    it is read, the composed one by the checks), so a key added to the configs since an older run counts at the
+    value that run trained with."""
     before, after = flatten(saved), flatten(composed)
     keys = [*after, *(k for k in before if k not in after)]
     return [Change(k, before.get(k, UNSET), after.get(k, UNSET), after.get(DECLARED.get(k, {}).get("fixed_if")) is True)
