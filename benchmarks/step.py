@@ -763,7 +763,8 @@ def bare_loop_us(steps: int, batches: bool) -> float:
         return None
 
     cfg = compose_train("experiment=ring", run_dir=Path("unused"))
-    data = GANData(OmegaConf.to_container(cfg.data, resolve=True), cfg.loss.d_steps, 0)
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    data = GANData(data_cfg, build_dataset(data_cfg, 0), cfg.loss.d_steps, 0)
     loader = iter(data.loader())
     start = time.perf_counter()
     for _ in range(steps):

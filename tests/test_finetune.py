@@ -18,7 +18,6 @@ from torch import nn
 from torch.nn.utils.parametrizations import orthogonal, weight_norm
 
 import gan.core.step
-import gan.data.loader
 import gan.training.assemble
 import gan.training.checks
 from gan.core.audit import AuditError
@@ -321,7 +320,7 @@ def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_each_check
     for module, name, kind in ((gan.training.checks, "build_module", "networks"),
                                (gan.training.assemble, "build_module", "networks"),
                                (gan.training.checks, "build_dataset", "data"),
-                               (gan.data.loader, "build_dataset", "data")):
+                               (gan.training.assemble, "build_dataset", "data")):
         monkeypatch.setattr(module, name, counting(getattr(module, name), kind))
     source = digits_run / "checkpoints" / "last.ckpt"
     middle = finetuned / "checkpoints" / "step_000003.ckpt"

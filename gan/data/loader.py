@@ -11,18 +11,18 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
-from gan.data.datasets import build_dataset, held_out, population
+from gan.data.datasets import held_out, population
 from gan.errors import ConfigError
 
 
 class GANData:
     """Serves ``loss.d_steps`` real minibatches per generator step (one for each D update)."""
 
-    def __init__(self, data_cfg: dict[str, Any], d_steps: int, seed: int, dataset: Dataset | None = None):
-        """``data_cfg``: the config's ``data`` section, as plain values; ``dataset``: the one it and ``seed`` build,
-        where it was built already (the run's checks)."""
+    def __init__(self, data_cfg: dict[str, Any], dataset: Dataset, d_steps: int, seed: int):
+        """``data_cfg``: the config's ``data`` section, as plain values; ``dataset``: the one it and ``seed`` build
+        (gan/data/datasets.py's ``build_dataset``)."""
         self.cfg, self.batch_size, self.d_steps, self.seed = data_cfg, data_cfg["batch_size"], d_steps, seed
-        self.dataset = dataset if dataset is not None else build_dataset(data_cfg, seed)
+        self.dataset = dataset
         if len(self.dataset) == 0:
             raise ConfigError(f"data={data_cfg['name']} is empty")
 

@@ -1,6 +1,7 @@
 """Checkpoints on disk: :func:`save_checkpoint` writes one atomically (gan/files.py's ``atomic_write``),
 :func:`read_checkpoint` reads one back with ``torch.load(weights_only=True)`` and brings it to the current
-layout (gan/run/legacy.py), and :func:`mismatched` names the tensors where its weights do not fit a module."""
+layout (gan/run/legacy.py), :func:`mismatched` names the tensors where its weights do not fit a module, and
+:func:`check_fits` refuses a resume of other networks in one line."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from gan.errors import ConfigError
 from gan.files import atomic_write
@@ -55,3 +57,15 @@ def mismatched(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]
                 + [f"{k} not in this model" for k in found if k not in expected])
     more = f"; {len(problems) - listed} more" if len(problems) > listed else ""
     return "; ".join(problems[:listed]) + more
+
+
+def check_fits(module: nn.Module, checkpoint: dict[str, Any], ckpt_path: str) -> None:
+    """Refuse a checkpoint to resume (read from ``ckpt_path``) of other networks than ``module``, as soon as the
+    networks are built, before anything is placed or logged: torch's own error for such a state is a list of every
+    tensor."""
+    problems = mismatched(module.state_dict(), checkpoint["state_dict"])
+    if problems:
+        overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
+        raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
+                          "resume with the overrides its run was trained with"
+                          + (f" ({overrides})" if overrides.is_file() else ""))

@@ -19,10 +19,11 @@ from gan.config.eval_settings import EvalSettings
 from gan.core.health import HealthJudge
 from gan.core.models import g_condition
 from gan.core.phases import PhaseTimer, StepPhases
-from gan.data.datasets import data_shape, is_points, mixture_means, num_classes
+from gan.data.datasets import build_dataset, data_shape, is_points, mixture_means, num_classes
 from gan.data.loader import GANData
 from gan.evaluation.pictures import real_points_for_plot
 from gan.run.build import build_module, build_optimizers
+from gan.run.checkpoint import check_fits
 from gan.run.module import GANModule
 from gan.training import state
 from gan.training.autograd_audit import AutogradAudit
@@ -41,15 +42,20 @@ log = logging.getLogger(__name__)
 
 def assemble(start: Start) -> state.Training:
     """Everything a run trains with, from its checked config, each piece in the order the next needs it: the host's
-    threads, the processes, the data, the networks (fine-tuned or new), their placement and optimizers, what
-    watches the step, a resume's state put back, and the batches from the run's generator step on."""
+    threads, the processes, the data and its batches from the run's generator step on, the networks (fine-tuned or
+    new), their placement and optimizers, what watches the step, and a resume's state put back."""
     cfg = start.cfg
     container = OmegaConf.to_container(cfg, resolve=True)
     prepare_host(container["train"]["threads"], container["trainer"]["devices"])
     fabric = build_fabric(container["trainer"], build_loggers(container.get("logger") or {}))
     fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
     fabric.seed_everything(cfg.seed, workers=True, verbose=False)
-    data = GANData(container["data"], container["loss"]["d_steps"], cfg.seed, start.dataset)
+    dataset = start.dataset if start.dataset is not None else build_dataset(container["data"], cfg.seed)
+    data = GANData(container["data"], dataset, container["loss"]["d_steps"], cfg.seed)
+    # The batches from the run's generator step on (a resume's: its checkpoint's): their order is a function of the
+    # seed and the step alone. Drawn from once the run is built (any worker processes start then).
+    first = int(start.checkpoint["state_dict"]["counters.g_updates"]) if start.checkpoint is not None else 0
+    loader = data.loader(first, fabric.global_rank, fabric.world_size, fabric.device)
     if start.fine_tuned is not None:  # fine-tuning: built by the checks from the run's seed, so built once
         torch.set_rng_state(start.fine_tuned.rng)  # the random stream where building them left it
         module, lines = start.fine_tuned.module, start.fine_tuned.lines
@@ -58,7 +64,7 @@ def assemble(start: Start) -> state.Training:
         condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
         module, lines = build_module(container, data_shape(container["data"]), condition), []
     if start.checkpoint is not None:  # a resume of other networks is refused before anything is placed or logged
-        state.check_fits(module, start.checkpoint, cfg.ckpt_path)
+        check_fits(module, start.checkpoint, cfg.ckpt_path)
     run = state.Training(cfg, container, fabric, data, module)
     if run.zero:
         for line in lines:
@@ -67,9 +73,8 @@ def assemble(start: Start) -> state.Training:
     observe(run)
     if start.checkpoint is not None:  # a resume: the state the checkpoint holds, put back into what was built
         state.resume(run, start.checkpoint, start.changes)
-    # The batches from the module's generator step on (a resume's), then each rank's own random streams.
-    run.batches = iter(data.loader(run.module.counters.g, fabric.global_rank, fabric.world_size, fabric.device))
-    state.separate_rank_streams(fabric.global_rank)
+    run.batches = iter(loader)
+    state.separate_rank_streams(fabric.global_rank)  # last: each rank's own random streams
     return run
 
 

@@ -19,8 +19,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from gan.core.models import FourierFeatures
-from gan.errors import ConfigError
-from gan.run.checkpoint import mismatched, save_checkpoint
+from gan.run.checkpoint import save_checkpoint
 from gan.run.module import GANModule
 from gan.training.fabric_adapter import load_precision_state, precision_state
 from gan.training.resume import Change
@@ -102,25 +101,14 @@ def resume(run: Training, checkpoint: dict[str, Any], found: list[Change]) -> No
     restore_rng(checkpoint["rng"])
 
 
-def check_fits(module: GANModule, checkpoint: dict[str, Any], ckpt_path: str) -> None:
-    """Refuse a checkpoint (read from ``ckpt_path``) of other networks than ``module``, as soon as the networks are
-    built, before anything is placed or logged: torch's own error for such a state is a list of every tensor."""
-    problems = mismatched(module.state_dict(), checkpoint["state_dict"])
-    if problems:
-        overrides = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
-        raise ConfigError(f"ckpt_path={ckpt_path} holds other networks than this config builds ({problems}): "
-                          "resume with the overrides its run was trained with"
-                          + (f" ({overrides})" if overrides.is_file() else ""))
-
-
 @torch.no_grad()
 def restore_module(module: GANModule, checkpoint: dict[str, Any], composed: dict[str, Any],
                    found: list[Change]) -> None:
     """Load the state of ``checkpoint`` into ``module`` (a GANModule built from the ``composed`` config, a plain
-    container, that :func:`check_fits` let through), after logging what the resume changes (``found``); then set on
-    it what the config says of that state where a resume changes it on purpose (resume.allow_changes=true), which
-    the checkpoint's buffers would otherwise bring back: DiffAugment's p, the scale of D's Fourier features, the
-    classes of the grids' rows."""
+    container, that gan/run/checkpoint.py's ``check_fits`` let through), after logging what the resume changes
+    (``found``); then set on it what the config says of that state where a resume changes it on purpose
+    (resume.allow_changes=true), which the checkpoint's buffers would otherwise bring back: DiffAugment's p, the
+    scale of D's Fourier features, the classes of the grids' rows."""
     for c in found:  # one line per change the resume makes
         if c.kind == "refused":
             log.warning(f"resume: {c.describe()}: the run goes on with it (resume.allow_changes=true)")
