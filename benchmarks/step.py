@@ -66,7 +66,8 @@ from gan.data.datasets import build_dataset, num_classes
 from gan.data.loader import GANData
 from gan.patterns import gan_step, measure
 from gan.run.build import penalty_weight
-from gan.training import loop
+from gan.run.module import GANModule
+from gan.training import loop, outputs
 from gan.training.host import NVML_CHECK, no_gpu_probe_per_step
 from gan.training.loop import Probe, train
 
@@ -737,8 +738,8 @@ def loop_us(steps: int) -> float:
     def no_step(run: Any, *args: Any) -> None:
         return None
 
-    def count_only(run: Any, result: Any) -> None:
-        run.module.counters.g += 1
+    def count_only(module: GANModule, result: Any, images: int) -> None:
+        module.counters.g += 1
 
     with tempfile.TemporaryDirectory() as tmp:
         # No health check either: its steps are logging steps, and its cost is section (h)'s.
@@ -746,13 +747,13 @@ def loop_us(steps: int) -> float:
                             f"trainer.max_steps={steps + WARMUP}",
                             "trainer.accelerator=cpu", run_dir=Path(tmp) / "run")
         clock = StepClock()
-        saved = loop.run_step, loop.update_statistics, loop.log_step
+        saved = loop.run_step, GANModule.update_statistics, outputs.log_step
         # the last step logs whatever log.every says: with no step, nothing to log
-        loop.run_step, loop.update_statistics, loop.log_step = no_step, count_only, no_step
+        loop.run_step, GANModule.update_statistics, outputs.log_step = no_step, count_only, no_step
         try:
             train(cfg, [clock])
         finally:
-            loop.run_step, loop.update_statistics, loop.log_step = saved
+            loop.run_step, GANModule.update_statistics, outputs.log_step = saved
     return (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e6 / (len(clock.ends) - WARMUP)
 
 

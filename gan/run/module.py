@@ -1,7 +1,8 @@
 """GANModule: what a training run holds and a checkpoint saves -- G, D, the objective, the EMA generator,
 the step counters and the fixed sample noise -- as one plain ``nn.Module``, so that ``state_dict()``,
-``load_state_dict()`` and ``.to()`` cover all of it. The loop that trains it is gan/training/loop.py;
-everything here is built by :func:`gan.run.build.build_module` from the config and handed in.
+``load_state_dict()`` and ``.to()`` cover all of it, and how its running statistics follow each generator step.
+The loop that trains it is gan/training/loop.py; everything here is built by :func:`gan.run.build.build_module`
+from the config and handed in.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from torch import Tensor, nn
 
 from gan.core.audit import checked_sampling
 from gan.core.contexts import evaluating
+from gan.core.distributed import broadcast_buffers
 from gan.core.models import UNCONDITIONAL, Condition
 from gan.core.objective import Objective
 from gan.core.snapshot import make_snapshot
 from gan.core.state import EMAGenerator, StepCounters
+from gan.core.step import StepResult
 
 
 class GANModule(nn.Module):
@@ -53,6 +56,21 @@ class GANModule(nn.Module):
         """G's categorical code for ``n`` samples, uniform over its values (model.codes), drawn on the device."""
         return torch.randint(self.condition.values, (n,), device=self.device)
 
+    @torch.no_grad()
+    def update_statistics(self, result: StepResult, images: int) -> None:
+        """After a generator step (``result``) that took ``images`` real images over all processes: the counters,
+        the objective's running statistics, the EMA generator and the augmentation probability."""
+        for d in result.d:
+            self.counters.count_d_step()
+            self.objective.observe(d)
+        self.counters.count_g_step(images)
+        broadcast_buffers(self.G, self.D)  # DDP: rank 0's BatchNorm statistics on every rank, before EMA copies G's
+        if self.ema is not None:
+            self.ema.update(self.G, self.counters.g)
+        augment = self.objective.augment
+        if augment is not None and self.counters.g % augment.interval == 0:
+            augment.adjust(images)
+
     # --- sampling --------------------------------------------------------------------------------
 
     @property
@@ -84,8 +102,3 @@ class GANModule(nn.Module):
         record = self.hparams.get("init_from")
         return {} if record is None else {"init_from": record}
 
-
-def grad_norm(module: nn.Module) -> Tensor:
-    """L2 norm of all gradients of ``module``, on their device (0 where none exist)."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=next(module.parameters()).device)

@@ -1,34 +1,28 @@
 """The training loop. :func:`train` reads as a run goes -- its checks (gan/training/checks.py), its parts assembled
-(gan/training/assemble.py), the generator steps, the end -- and each part of the loop is a function below it, in that
-order. Lightning Fabric launches the processes (``trainer=ddp``), places the networks and chooses the precision;
-the loop is written out here, step by step."""
+(gan/training/assemble.py), the generator steps (:func:`run_steps`, here), the end (gan/training/outputs.py) -- and
+each step reads the same way: its batch, the step itself (gan/core/step.py), the running statistics that follow it
+(gan/run/module.py), and what is due after it (gan/training/outputs.py). Lightning Fabric launches the processes
+(``trainer=ddp``), places the networks and chooses the precision; the loop is written out here, step by step."""
 
 from __future__ import annotations
 
-import logging
-import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric import Fabric
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from gan.core import snapshot, step
-from gan.core.audit import check_plain_numbers
-from gan.core.distributed import broadcast_buffers
-from gan.errors import ConfigError, Interrupted, RunError, Unhealthy
+from gan.core import step
+from gan.errors import ConfigError, RunError
 from gan.run.hold import TRAIN_FIX, holding
-from gan.run.module import grad_norm
 from gan.training.assemble import assemble
 from gan.training.checks import check_writable, checked
-from gan.training.fabric_adapter import every_rank, kill_other_ranks
+from gan.training.fabric_adapter import kill_other_ranks
 from gan.training.host import launched_by
+from gan.training.outputs import after_step, agree_to_stop, at_end, close, finish
 from gan.training.state import Training
-
-log = logging.getLogger(__name__)
 
 
 class Probe:
@@ -92,6 +86,7 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
     # step reads from the device anyway; on one process the request is read at every step, for nothing.
     agree_every = cfg.log.every if fabric.world_size > 1 else 1
     max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
+    images = run.batch_size * fabric.world_size  # real images a generator step takes, over all processes
     status = "failed"
     try:
         at_start(run)
@@ -109,7 +104,9 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
             with run.profiler.profile("generator_step"), run.autocast():
                 result = run_step(run, batch)
                 with phases.phase("statistics"):
-                    update_statistics(run, result)
+                    module.update_statistics(result, images)
+                    for schedule in run.schedules:  # optim.decay=linear: one schedule per optimizer
+                        schedule.step()
             g = module.counters.g
             if g % agree_every == 0:
                 stop = agree_to_stop(fabric, run.checkpoints.stop_requested)
@@ -178,142 +175,3 @@ def run_step(run: Training, batch: tuple[Tensor, Tensor]) -> step.StepResult:
                                run.phases.phase)
 
 
-@torch.no_grad()
-def update_statistics(run: Training, result: step.StepResult) -> None:
-    """After a generator step: the counters, learning rates, the objective's statistics, the EMA generator
-    and the augmentation probability."""
-    module = run.module
-    for d in result.d:
-        module.counters.count_d_step()
-        module.objective.observe(d)
-    module.counters.count_g_step(run.batch_size * run.fabric.world_size)  # real images, over all processes
-    for schedule in run.schedules:  # optim.decay=linear: one schedule per optimizer
-        schedule.step()
-    broadcast_buffers(module.G, module.D)  # DDP: rank 0's BatchNorm statistics on every rank, before EMA copies G's
-    if module.ema is not None:
-        module.ema.update(module.G, module.counters.g)
-    augment = module.objective.augment
-    if augment is not None and module.counters.g % augment.interval == 0:
-        augment.adjust(run.batch_size * run.fabric.world_size)
-
-
-def after_step(run: Training, result: step.StepResult, g: int, logged: bool, stop: bool) -> bool:
-    """What is due after generator step ``g``: its scalars (``logged``) and health check, the audit's end-of-step
-    checks, a checkpoint, samples, metrics, the progress bar. Returns whether the run stops here: ``stop`` (the
-    ranks agreed to), or its health check stopped it."""
-    module = run.module
-    if logged:
-        run.guard.read()  # a bad update stops the run before it is logged
-        log_step(run, result)
-        if run.health_due(g):  # rank 0's health check may stop the run: the ranks agree to stop here
-            ill = run.health is not None and run.health.stopped_by is not None
-            run.health_stopped = agree_to_stop(run.fabric, ill)
-            stop = run.health_stopped or stop
-    if run.audit is not None:
-        run.audit.step_end()
-    run.checkpoints.after_step(g, stop)
-    run.samples.after_step(module)
-    if run.metrics is not None:
-        run.metrics.after_step(module)
-        run.last_metrics = run.metrics.last
-    if run.progress is not None:
-        run.progress.after_step(run.last_losses, logged)
-    return stop
-
-
-def log_step(run: Training, result: step.StepResult) -> None:
-    """The step's scalars (and a health check's figures, which it judges, when one is due) to the loggers, read
-    from the device in one transfer: one host-device sync per logging step, plain floats to the loggers, and no
-    tensor that could keep a graph alive."""
-    module = run.module
-    d, objective = result.d[-1], module.objective
-    values = {
-        "loss/d": d.loss, "loss/g": result.g_loss,
-        "d/real": d.real_logits.mean(), "d/fake": d.fake_logits.mean(),
-        "d/real_running": objective.d_real_mean.value, "d/fake_running": objective.d_fake_mean.value,
-        "grad_norm/g": grad_norm(module.G), "grad_norm/d": grad_norm(module.D),
-    }
-    if objective.augment is not None:
-        values["augment/p"] = objective.augment.p
-    values.update({f"train/skipped_{n}": getattr(module.counters, f"skipped_{n}") for n in "dg"})
-    # Rank 0 checks the run's health, for every rank: they hold the same networks (the verdict is agreed on).
-    checking = run.health is not None and run.health_due(module.counters.g)
-    if checking:
-        values.update(run.health.figures(module, result))
-    numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
-    if checking:
-        run.health.check(module.counters.g, numbers)
-    if module.audit:
-        check_plain_numbers(numbers)
-    for logger in run.loggers:  # TensorBoard's x axis is generator steps
-        logger.log_metrics(numbers, step=module.counters.g)
-    run.last_losses = {k: v for k, v in numbers.items() if k.startswith("loss/")}
-
-
-def agree_to_stop(fabric: Fabric, requested: bool) -> bool:
-    """Whether any rank was asked to stop (a signal, or rank 0's health check): one all-reduce of one number under
-    DDP, none on one process."""
-    return every_rank(fabric, requested, all=False) if fabric.world_size > 1 else requested
-
-
-# --- the end ---------------------------------------------------------------------------------------------------
-
-def at_end(run: Training) -> None:
-    """After the last step: last.ckpt, the last samples, the generator's snapshot."""
-    run.guard.read()
-    run.checkpoints.at_end(run.module.counters.g)
-    run.samples.at_end(run.module)
-    if run.zero:
-        generator = run.module.snapshot()  # the EMA generator where there is one, with what it needs to sample
-        snapshot.save_snapshot(run.run_dir / snapshot.FILE, generator)
-    if run.health is not None:
-        run.health.at_end(run.module.counters.g)
-
-
-def close(run: Training, status: str) -> None:
-    """However the steps ended: the signal handlers, the audit's hooks, the progress bar, the profiler, the loggers."""
-    run.checkpoints.restore_handlers()
-    if run.audit is not None:
-        run.audit.close()
-    if run.progress is not None:
-        run.progress.close()
-    run.profiler.describe()
-    for logger in run.loggers:
-        logger.finalize(status)
-
-
-def finish(run: Training) -> Training:
-    """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, one its health check
-    stopped with :class:`gan.errors.Unhealthy`: each says how to resume."""
-    module, run_dir, stopped_by = run.module, run.run_dir, run.checkpoints.stopped_by
-    unhealthy = run.health_stopped
-    ill = run.health.stopped_by if run.health is not None else None  # None on ranks > 0: rank 0 judged
-    if unhealthy:
-        stopped_by = f"its health check ({ill.condition if ill else 'on rank 0'})"
-    if run.zero:
-        log_summary(run, stopped_by)
-    if not stopped_by:
-        return run
-    last = run_dir / "checkpoints" / "last.ckpt"
-    resume = shlex.quote(f"ckpt_path={last}")
-    if unhealthy:
-        condition = f"{ill.condition} since step {ill.started}" if ill else "a condition rank 0 found"
-        raise Unhealthy(f"stopped by its health check at generator step {module.counters.g}: {condition} "
-                        f"(docs/usage.md#training-health); saved in {last}: resume with the same overrides, {resume} "
-                        "and health.action=warn to go on regardless, or start anew with a fix")
-    raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in {last}: resume with "
-                      f"the same overrides and {resume}", run.checkpoints.exit_code)
-
-
-def log_summary(run: Training, stopped_by: str | None = None) -> None:
-    """What the run did and where to look next: on the console and in the run's log file (train.log)."""
-    steps, run_dir = run.module.counters.g, run.run_dir
-    losses = [f"{name} {value:.4g}" for name, value in run.last_losses.items()]
-    # The loop logs the last step it trains: none logged means none trained (a resume at trainer.max_steps).
-    final = f"final losses {', '.join(losses)} (generator step {steps})" if losses else "no generator step trained"
-    how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
-    log.info(f"Run {how} {steps} generator steps in {run_dir}; {final}")
-    # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
-    log.info(f"  curves and samples: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
-    log.info(f"  metrics:            python evaluate.py {shlex.quote(f'run_dir={run_dir}')}")
-    log.info(f"  the generator:      {shlex.quote(str(run_dir / snapshot.FILE))} (gan.core.snapshot.load_generator)")

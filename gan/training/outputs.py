@@ -1,6 +1,8 @@
-"""What a training run writes while it trains, each a small object the loop (gan/training/loop.py) calls
-where it is due: checkpoints and the stop signals, pictures (samples, the G loss's autograd graph),
-in-training metrics and the progress bar. Each counts generator steps (``module.counters.g``)."""
+"""What a training run writes while it trains, and when each is due: each output a small object (checkpoints and
+the stop signals, pictures -- samples, the G loss's autograd graph --, in-training metrics, the progress bar), and
+below them what the loop (gan/training/loop.py) calls after each generator step (:func:`after_step`: the step's
+scalars, the health check, the outputs), after the last (:func:`at_end`), however the steps ended (:func:`close`),
+and as the run returns (:func:`finish`). Each counts generator steps (``module.counters.g``)."""
 
 from __future__ import annotations
 
@@ -15,21 +17,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from gan.config.eval_settings import EvalSettings
+from gan.core import snapshot
 from gan.core.audit import check_plain_numbers
-from gan.errors import StoppedAtOnce
+from gan.errors import Interrupted, StoppedAtOnce, Unhealthy
 from gan.evaluation.graphs import ForwardRecorder, dot_path, picture
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
+from gan.training.fabric_adapter import every_rank
 
 if TYPE_CHECKING:
+    from gan.core.step import StepResult
     from gan.data.loader import GANData
     from gan.run.module import GANModule
+    from gan.training.state import Training
 
 log = logging.getLogger(__name__)
 
@@ -249,3 +256,133 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+# --- what is due after a generator step ------------------------------------------------------------------------
+
+def after_step(run: Training, result: StepResult, g: int, logged: bool, stop: bool) -> bool:
+    """What is due after generator step ``g``: its scalars (``logged``) and health check, the audit's end-of-step
+    checks, a checkpoint, samples, metrics, the progress bar. Returns whether the run stops here: ``stop`` (the
+    ranks agreed to), or its health check stopped it."""
+    module = run.module
+    if logged:
+        run.guard.read()  # a bad update stops the run before it is logged
+        log_step(run, result)
+        if run.health_due(g):  # rank 0's health check may stop the run: the ranks agree to stop here
+            ill = run.health is not None and run.health.stopped_by is not None
+            run.health_stopped = agree_to_stop(run.fabric, ill)
+            stop = run.health_stopped or stop
+    if run.audit is not None:
+        run.audit.step_end()
+    run.checkpoints.after_step(g, stop)
+    run.samples.after_step(module)
+    if run.metrics is not None:
+        run.metrics.after_step(module)
+        run.last_metrics = run.metrics.last
+    if run.progress is not None:
+        run.progress.after_step(run.last_losses, logged)
+    return stop
+
+
+def log_step(run: Training, result: StepResult) -> None:
+    """The step's scalars (and a health check's figures, which it judges, when one is due) to the loggers, read
+    from the device in one transfer: one host-device sync per logging step, plain floats to the loggers, and no
+    tensor that could keep a graph alive."""
+    module = run.module
+    d, objective = result.d[-1], module.objective
+    values = {
+        "loss/d": d.loss, "loss/g": result.g_loss,
+        "d/real": d.real_logits.mean(), "d/fake": d.fake_logits.mean(),
+        "d/real_running": objective.d_real_mean.value, "d/fake_running": objective.d_fake_mean.value,
+        "grad_norm/g": grad_norm(module.G), "grad_norm/d": grad_norm(module.D),
+    }
+    if objective.augment is not None:
+        values["augment/p"] = objective.augment.p
+    values.update({f"train/skipped_{n}": getattr(module.counters, f"skipped_{n}") for n in "dg"})
+    # Rank 0 checks the run's health, for every rank: they hold the same networks (the verdict is agreed on).
+    checking = run.health is not None and run.health_due(module.counters.g)
+    if checking:
+        values.update(run.health.figures(module, result))
+    numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
+    if checking:
+        run.health.check(module.counters.g, numbers)
+    if module.audit:
+        check_plain_numbers(numbers)
+    for logger in run.loggers:  # TensorBoard's x axis is generator steps
+        logger.log_metrics(numbers, step=module.counters.g)
+    run.last_losses = {k: v for k, v in numbers.items() if k.startswith("loss/")}
+
+
+def grad_norm(module: nn.Module) -> Tensor:
+    """L2 norm of all gradients of ``module``, on their device (0 where none exist)."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=next(module.parameters()).device)
+
+
+def agree_to_stop(fabric: Fabric, requested: bool) -> bool:
+    """Whether any rank was asked to stop (a signal, or rank 0's health check): one all-reduce of one number under
+    DDP, none on one process."""
+    return every_rank(fabric, requested, all=False) if fabric.world_size > 1 else requested
+
+
+# --- the end ---------------------------------------------------------------------------------------------------
+
+def at_end(run: Training) -> None:
+    """After the last step: last.ckpt, the last samples, the generator's snapshot."""
+    run.guard.read()
+    run.checkpoints.at_end(run.module.counters.g)
+    run.samples.at_end(run.module)
+    if run.zero:
+        generator = run.module.snapshot()  # the EMA generator where there is one, with what it needs to sample
+        snapshot.save_snapshot(run.run_dir / snapshot.FILE, generator)
+    if run.health is not None:
+        run.health.at_end(run.module.counters.g)
+
+
+def close(run: Training, status: str) -> None:
+    """However the steps ended: the signal handlers, the audit's hooks, the progress bar, the profiler, the loggers."""
+    run.checkpoints.restore_handlers()
+    if run.audit is not None:
+        run.audit.close()
+    if run.progress is not None:
+        run.progress.close()
+    run.profiler.describe()
+    for logger in run.loggers:
+        logger.finalize(status)
+
+
+def finish(run: Training) -> Training:
+    """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, one its health check
+    stopped with :class:`gan.errors.Unhealthy`: each says how to resume."""
+    module, run_dir, stopped_by = run.module, run.run_dir, run.checkpoints.stopped_by
+    unhealthy = run.health_stopped
+    ill = run.health.stopped_by if run.health is not None else None  # None on ranks > 0: rank 0 judged
+    if unhealthy:
+        stopped_by = f"its health check ({ill.condition if ill else 'on rank 0'})"
+    if run.zero:
+        log_summary(run, stopped_by)
+    if not stopped_by:
+        return run
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resume = shlex.quote(f"ckpt_path={last}")
+    if unhealthy:
+        condition = f"{ill.condition} since step {ill.started}" if ill else "a condition rank 0 found"
+        raise Unhealthy(f"stopped by its health check at generator step {module.counters.g}: {condition} "
+                        f"(docs/usage.md#training-health); saved in {last}: resume with the same overrides, {resume} "
+                        "and health.action=warn to go on regardless, or start anew with a fix")
+    raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in {last}: resume with "
+                      f"the same overrides and {resume}", run.checkpoints.exit_code)
+
+
+def log_summary(run: Training, stopped_by: str | None = None) -> None:
+    """What the run did and where to look next: on the console and in the run's log file (train.log)."""
+    steps, run_dir = run.module.counters.g, run.run_dir
+    losses = [f"{name} {value:.4g}" for name, value in run.last_losses.items()]
+    # The loop logs the last step it trains: none logged means none trained (a resume at trainer.max_steps).
+    final = f"final losses {', '.join(losses)} (generator step {steps})" if losses else "no generator step trained"
+    how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
+    log.info(f"Run {how} {steps} generator steps in {run_dir}; {final}")
+    # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
+    log.info(f"  curves and samples: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
+    log.info(f"  metrics:            python evaluate.py {shlex.quote(f'run_dir={run_dir}')}")
+    log.info(f"  the generator:      {shlex.quote(str(run_dir / snapshot.FILE))} (gan.core.snapshot.load_generator)")
