@@ -109,11 +109,10 @@ class AutogradAudit:
         ]
 
     def at_start(self) -> None:
-        """As the steps start, the weights the checks compare with are those the run trains from (a resume's, put
-        back after the audit was attached): the frozen ones, G's and D's, and D's state."""
+        """As the steps start, the references kept across updates are those the run trains from (a resume's, put
+        back after the audit was attached): the frozen weights and D's state. (Each network's weights are taken
+        again before each of its updates.)"""
         self.frozen_weights.take(self.frozen)
-        for n in "GD":
-            self.weights[n].take(self.tensors[n])
         self.d_state.take(self.d_kept)
 
     def close(self) -> None:
