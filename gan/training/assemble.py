@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 def assemble(start: Start) -> state.Training:
     """Everything a run trains with, from its checked config, each piece in the order the next needs it: the host's
-    threads, the processes, the data and its batches from the run's generator step on, the networks (fine-tuned or
-    new), their placement and optimizers, what watches the step, and a resume's state put back."""
+    threads, the processes, the dataset, the networks (fine-tuned or new; a resume's refused here if they do not
+    fit), the batches from the run's generator step on, the networks' placement and optimizers, what watches the
+    step, and a resume's state put back."""
     cfg = start.cfg
     container = OmegaConf.to_container(cfg, resolve=True)
     prepare_host(container["train"]["threads"], container["trainer"]["devices"])
@@ -51,20 +52,20 @@ def assemble(start: Start) -> state.Training:
     fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
     fabric.seed_everything(cfg.seed, workers=True, verbose=False)
     dataset = start.dataset if start.dataset is not None else build_dataset(container["data"], cfg.seed)
-    data = GANData(container["data"], dataset, container["loss"]["d_steps"], cfg.seed)
-    # The batches from the run's generator step on (a resume's: its checkpoint's): their order is a function of the
-    # seed and the step alone. Drawn from once the run is built (any worker processes start then).
-    first = int(start.checkpoint["state_dict"]["counters.g_updates"]) if start.checkpoint is not None else 0
-    loader = data.loader(first, fabric.global_rank, fabric.world_size, fabric.device)
     if start.fine_tuned is not None:  # fine-tuning: built by the checks from the run's seed, so built once
         torch.set_rng_state(start.fine_tuned.rng)  # the random stream where building them left it
         module, lines = start.fine_tuned.module, start.fine_tuned.lines
     else:
         # What G takes beside its noise, and which of the data's classes it trains on.
-        condition = g_condition(container["model"], num_classes(data.dataset), container["data"].get("classes"))
+        condition = g_condition(container["model"], num_classes(dataset), container["data"].get("classes"))
         module, lines = build_module(container, data_shape(container["data"]), condition), []
     if start.checkpoint is not None:  # a resume of other networks is refused before anything is placed or logged
         check_fits(module, start.checkpoint, cfg.ckpt_path)
+    data = GANData(container["data"], dataset, container["loss"]["d_steps"], cfg.seed)
+    # The batches from the run's generator step on (a resume's: its checkpoint's, which fits): their order is a
+    # function of the seed and the step alone. Drawn from once the run is built (any worker processes start then).
+    first = int(start.checkpoint["state_dict"]["counters.g_updates"]) if start.checkpoint is not None else 0
+    loader = data.loader(first, fabric.global_rank, fabric.world_size, fabric.device)
     run = state.Training(cfg, container, fabric, data, module)
     if run.zero:
         for line in lines:

@@ -2,7 +2,7 @@
 checkpoint holds of it (:func:`training_state`), and all of that put back, in one place, when a run resumes
 (:func:`resume`): the networks and their running statistics, the optimizers and schedules with this config's rates,
 the loss scale, the health check's streaks and every random stream, so a resumed run draws the same noise as an
-uninterrupted one. (The data order needs none: it is a function of the seed and the restored step counter.) Under
+uninterrupted one. (The data order needs none: it is a function of the seed and the checkpoint's step counter.) Under
 DDP, ranks > 0 are reseeded apart from rank 0 (:func:`separate_rank_streams`). What a resume may change of the
 config was checked before the run started (gan/training/resume.py)."""
 
