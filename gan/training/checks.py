@@ -56,7 +56,10 @@ def validate(cfg: DictConfig) -> DictConfig:
     """``cfg`` with its values converted to their types and within the bounds gan/config/schema.py declares for each
     key (its ``conform``), then checked across keys and against this machine; a ConfigError names the first
     problem and the fix."""
-    check_accelerator(str(cfg.trainer.accelerator))  # a name, whatever its type: a device this machine has
+    # A device this machine has, named by any value (unset or missing: refused below, with the other keys).
+    accelerator = OmegaConf.select(cfg, "trainer.accelerator", default=None, throw_on_missing=False)
+    if accelerator is not None:
+        check_accelerator(str(accelerator))
     cfg = conform(cfg, TrainConfig)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
