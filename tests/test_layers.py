@@ -1,6 +1,8 @@
 """The package's layers, enforced: each is imported alone in a fresh interpreter and may load only the
 layers below it; and no module of gan/ imports, directly or through others, a module that imports it.
 
+    gan.config      the config's keys and their composition: Hydra and OmegaConf, no torch (the entry points'
+                    errors are read without it)
     gan.core        pure PyTorch: no Lightning, Hydra or OmegaConf
     gan.data        datasets, the step-indexed sampler, the loader
     gan.run         a run: its config's types, its module, the builder, checkpoints, finding and loading it
@@ -48,6 +50,8 @@ def in_layer(name: str, layer: str) -> bool:
 
 # layer -> what it may not load (frameworks by top-level name, project layers by prefix)
 FORBIDDEN = {
+    "gan.config": ("torch", "lightning", "pytorch_lightning", "gan.core", "gan.data", "gan.run", "gan.evaluation",
+                   "gan.training", "gan.patterns", "gan.api"),
     "gan.core": FRAMEWORKS + ("gan.data", "gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),
     "gan.data": ("gan.run", "gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),
     "gan.run": ("gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),

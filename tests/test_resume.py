@@ -136,7 +136,6 @@ def test_pruning_spares_other_files_and_the_checkpoints_of_a_run_resumed_from(tm
 WRITER = """
 import sys, torch
 from gan.run.checkpoint import save_checkpoint
-from gan.run.legacy import upgrade_config
 from gan.training.resume import UNSET, changes
 i = 0
 while True:

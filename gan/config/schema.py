@@ -43,8 +43,6 @@ from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, get_type_hints
 
-import torch
-from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
@@ -446,6 +444,9 @@ def check_optimizer(name: str, optimizer: DictConfig) -> None:
     length and each of its numbers, which the bounds declared above, on one number each, do not say), or that torch
     cannot build from its keys: torch would refuse it with a traceback once the run directory is written, or not at
     all (three betas fail only at the first step)."""
+    import torch  # here alone: the config layer loads neither torch nor Hydra's instantiate otherwise
+    from hydra.utils import instantiate
+
     betas = optimizer.get("betas")
     if betas is not None and (len(betas) != 2 or not all(0 <= beta < 1 for beta in betas)):
         raise ConfigError(f"{name}.betas={list(betas)}: Adam's betas are two numbers in [0, 1), the decay rates of "

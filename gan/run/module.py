@@ -7,7 +7,7 @@ from the config and handed in.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +19,9 @@ from gan.core.models import UNCONDITIONAL, Condition
 from gan.core.objective import Objective
 from gan.core.snapshot import make_snapshot
 from gan.core.state import EMAGenerator, StepCounters
-from gan.core.step import StepResult
+
+if TYPE_CHECKING:
+    from gan.core.step import StepResult
 
 
 class GANModule(nn.Module):
