@@ -743,7 +743,8 @@ def loop_us(steps: int) -> float:
 
     with tempfile.TemporaryDirectory() as tmp:
         # No health check either: its steps are logging steps, and its cost is section (h)'s.
-        cfg = compose_train("experiment=ring", "log.every=100000000", "health.enabled=false",
+        # No learning-rate schedule: the loop steps it after the statistics, and it is the step's cost, not the loop's.
+        cfg = compose_train("experiment=ring", "log.every=100000000", "health.enabled=false", "optim.decay=constant",
                             f"trainer.max_steps={steps + WARMUP}",
                             "trainer.accelerator=cpu", run_dir=Path(tmp) / "run")
         clock = StepClock()
