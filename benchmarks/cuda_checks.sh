@@ -4,7 +4,7 @@
 # 1. tests that run only on CUDA: no host sync in a training step outside logging steps (torch's sync debug
 #    mode), CUDA-event phase timing against synchronized timing (tests/test_timing.py);
 # 2. the CUDA claims of `python -m gan.patterns` (asynchronous timing, non_blocking copies from pinned memory);
-# 3. short runs of train.py under trainer.precision=16-mixed and bf16-mixed, on the ring and on DCGAN 64x64;
+# 3. short runs of train.py under trainer.precision=16-mixed and bf16-mixed, on the ring, DCGAN and resnet 64x64;
 # 4. benchmarks/step.py on the GPU: framework/bare on the ring and DCGAN 64x64, its speed options (bf16,
 #    channels_last, compile) and compiled against eager.
 # A failing check is reported and the next one runs; the exit status is the number of checks that failed.
@@ -46,6 +46,9 @@ for precision in 16-mixed bf16-mixed; do
         trainer.max_steps=300 train.threads=null hydra.run.dir="$out/runs/ring_$precision"
     check "dcgan64_$precision" python train.py experiment=folder data.path="$folder" trainer.accelerator=gpu \
         trainer.precision=$precision trainer.max_steps=100 hydra.run.dir="$out/runs/dcgan64_$precision"
+    check "resnet64_$precision" python train.py experiment=folder model=resnet data.path="$folder" \
+        trainer.accelerator=gpu trainer.precision=$precision trainer.max_steps=100 \
+        hydra.run.dir="$out/runs/resnet64_$precision"
 done
 check step_a python benchmarks/step.py --device cuda --only a ops --recipes ring DCGAN --rounds 3 --steps 300
 check step_b python benchmarks/step.py --device cuda --only b --rounds 3 --steps 50 --compile

@@ -10,7 +10,7 @@ second (the framework's steps with the bare loop's, and with the examples' step)
 figures are mean times per generator step over windows that include the recipe's logging steps (what a
 user pays), and comparisons are ratios. Sections:
 
-(a) every recipe users train (experiment=ring, grid, digits, mnist, folder) through the real
+(a) every recipe users train (experiment=ring, grid, digits, mnist, folder; mnist with model=resnet) through the real
     ``train()`` -- data pipeline, outputs, the non-finite guard, logging, timing -- against a bare
     PyTorch loop doing the recipe's work as fast as plain PyTorch allows (:func:`bare_step`);
 (against) this commit's ``train()`` against an earlier commit's, on the same recipes;
@@ -23,6 +23,8 @@ user pays), and comparisons are ratios. Sections:
     (``trainer.precision=bf16-mixed``), ``data.channels_last=true``, ``train.compile=true``;
 (f) the cost of the per-phase timing itself: ``timing.enabled`` true vs false;
 (h) the health check's cost on every recipe: its own calls timed in a real run, against the recipe's step time;
+(r) model=resnet beside each image recipe's DCGAN at its sizes: per layout, precision and thread count, and against
+    pytorch/examples' DCGAN step;
 (threads) each recipe on one thread against every core; (compile) ``train.compile`` against eager per
     recipe, the cold compile included; (variants) what width, batch or precision would buy the default
     recipe's step; (l) the loop's own fixed cost per generator step, apart from any network, and the GPU
@@ -75,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools.blocks import recipe_inputs, write_block  # noqa: E402
 
 # what the numbers depend on: a change to any, beyond comments, makes the blocks stale
-INPUTS = ["gan", *recipe_inputs("ring", "grid", "digits", "mnist", "folder"), "benchmarks/step.py"]
+INPUTS = ["gan", *recipe_inputs("ring", "grid", "digits", "mnist", "stacked_mnist", "folder"), "benchmarks/step.py"]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -473,7 +475,70 @@ def recipes(folder: Path, mnist: tuple[Path, str]) -> dict[str, list[str]]:
     """The configs users train: every recipe, as train.py composes it."""
     return {"ring": ["experiment=ring"], "grid": ["experiment=grid"], "digits (the default run)": ["experiment=digits"],
             "mnist": ["experiment=mnist", f"data.root={mnist[0]}", f"data.split={mnist[1]}"],
+            "mnist, model=resnet": ["experiment=mnist", "model=resnet", f"data.root={mnist[0]}",
+                                    f"data.split={mnist[1]}"],
             "DCGAN 64x64x3, image folder": ["experiment=folder", f"data.path={folder}"]}
+
+
+def image_recipes(folder: Path, mnist: tuple[Path, str]) -> dict[str, list[str]]:
+    """The image recipes with the sizes the two networks are compared at: digits 16x16x1, MNIST 32x32x1,
+    StackedMNIST 32x32x3, the image folder 64x64x3."""
+    root = [f"data.root={mnist[0]}", f"data.split={mnist[1]}"]
+    return {"digits 16x16x1": ["experiment=digits"], "mnist 32x32x1": ["experiment=mnist", *root],
+            "stacked_mnist 32x32x3": ["experiment=stacked_mnist", *root],
+            "folder 64x64x3": ["experiment=folder", f"data.path={folder}"]}
+
+
+# (r): the layouts and precisions each network is timed in, on one thread, and the defaults on every core.
+RESNET_COLUMNS = {"fp32, NCHW": ["trainer.precision=32-true", "data.channels_last=false"],
+                  "fp32, channels_last": ["trainer.precision=32-true", "data.channels_last=true"],
+                  "bf16, NCHW": ["trainer.precision=bf16-mixed", "data.channels_last=false"],
+                  "bf16, channels_last": ["trainer.precision=bf16-mixed", "data.channels_last=true"]}
+
+
+def section_r(folder: Path, mnist: tuple[Path, str], args: argparse.Namespace, device: torch.device) -> list[str]:
+    """model=resnet beside each recipe's DCGAN at the recipe's sizes: ms per generator step through train() in
+    each layout and precision on one thread, and fp32 channels_last on every core; each against the DCGAN of
+    the same column, and against pytorch/examples' DCGAN step (64x64x3, batch 64, fp32) timed in the same
+    rounds. bf16 is left out on a CPU without bf16 units, where every bf16 convolution is emulated."""
+    from gan.core.torch_private import cpu_has_bf16_units
+
+    cores = len(os.sched_getaffinity(0))
+    columns = {name: [*options, "train.threads=1"] for name, options in RESNET_COLUMNS.items()
+               if "bf16" not in name or device.type == "cuda" or cpu_has_bf16_units()}
+    columns[f"fp32, channels_last, {cores} threads"] = ["trainer.precision=32-true", "data.channels_last=true",
+                                                        f"train.threads={cores}"]
+    cfg = compose_train("data=folder", f"data.path={folder}", *DCGAN64, run_dir=Path("unused"))
+    data = torch.stack(list(build_dataset(OmegaConf.to_container(cfg.data), 0).tensors[0])).to(device)
+    reference = examples_step(data, 64, device)
+    variants: dict[str, Callable[[], float]] = {"examples": lambda: bare_ms(reference, args.steps, device, 1)}
+    for recipe, overrides in image_recipes(folder, mnist).items():
+        for network in ("dcgan", "resnet"):
+            for column, options in columns.items():
+                chosen = [*overrides, *options, *([] if network == "dcgan" else ["model=resnet"])]
+                variants[f"{recipe}|{network}|{column}"] = (lambda o=chosen: framework_ms(o, args.steps, device.type))
+    ms = alternate(args.rounds, **variants)
+    examples = ms.pop("examples")
+    rows = [f"Each cell: ms per generator step through `train()` (the recipe with `model=resnet`'s defaults or its "
+            f"own DCGAN), {args.steps} steps after {WARMUP}, the median of {args.rounds} rounds; in brackets, "
+            f"resnet over DCGAN in the same column. pytorch/examples' DCGAN step (64x64x3, batch 64, fp32, one "
+            f"thread), timed in the same rounds: {examples:.0f} ms; the last column is each network's fp32 "
+            f"channels_last step on one thread over it.", "",
+            "| recipe | network | " + " | ".join(columns) + " | / examples' step |",
+            "|---|---|" + "---|" * (len(columns) + 1)]
+    for recipe in image_recipes(folder, mnist):
+        for network in ("dcgan", "resnet"):
+            cells = []
+            for column in columns:
+                here, dcgan = ms[f"{recipe}|{network}|{column}"], ms[f"{recipe}|dcgan|{column}"]
+                cells.append(f"{here:.0f} ms" + (f" (**{here / dcgan:.1f}x**)" if network == "resnet" else ""))
+            rows.append(f"| {recipe} | {network} | " + " | ".join(cells) +
+                        f" | {ms[f'{recipe}|{network}|fp32, channels_last'] / examples:.2f} |")
+            print(rows[-1], flush=True)
+    if len(columns) < len(RESNET_COLUMNS) + 1:
+        rows += ["", "bf16 not measured: this CPU has no bf16 units (AVX512-BF16 or AMX), so every bf16 convolution "
+                 "is emulated, several times slower than float32 (the run warns at its start)."]
+    return rows
 
 
 def window_steps(most: int, step_ms: float) -> int:
@@ -946,6 +1011,7 @@ SECTIONS = {
     "f": "The cost of per-phase timing (timing.enabled)",
     "h": "The cost of the health check (health.enabled)",
     "l": "What the loop itself costs per generator step",
+    "r": "The residual network beside DCGAN",
 }
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -955,7 +1021,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=30, help="(a): blocks of framework steps, each followed by a "
                         "block of bare steps")
     parser.add_argument("--only", nargs="*", choices=[k for k in SECTIONS if k not in ("e", "against")],
-                        default=["a", "ops", "threads", "variants", "b", "c", "d", "f", "h", "l"],
+                        default=["a", "ops", "threads", "variants", "b", "c", "d", "f", "h", "l", "r"],
                         help="sections to run (b includes e; compile only when named)")
     parser.add_argument("--recipes", nargs="*", help="only the recipes whose name contains one of these (a, against)")
     parser.add_argument("--against", metavar="COMMIT", help="also time this commit's train() against COMMIT's")
@@ -992,6 +1058,8 @@ def main() -> None:
             sections["b"], sections["e"] = section_b_e(folder, args, device)
         if "h" in args.only:
             sections["h"] = section_h(folder, mnist, args, device)
+        if "r" in args.only:
+            sections["r"] = section_r(folder, mnist, args, device)
     if "c" in args.only:
         sections["c"] = section_c(device)
     if "d" in args.only:

@@ -62,7 +62,8 @@ CONFIG_ERRORS = {
     ("loss=wgan_gp", "loss.batchnorm_in_d=false"): "error: loss.batchnorm_in_d is now model.d_batchnorm: use "
                                                    "model.d_batchnorm=false",
     ("+loss.batchnorm_in_d=false",): "error: loss.batchnorm_in_d is now model.d_batchnorm: use model.d_batchnorm=false",
-    ("model.width=0",): "error: model.width=0: it must be >= 1 (model=dcgan's channels at its widest resolution)",
+    ("model.width=0",): "error: model.width=0: it must be >= 1 (model=dcgan's and model=resnet's channels at their "
+                        "highest resolution)",
     # The objective's intervals, once refused only when the run was built, after .hydra/ was written (reg.every), or
     # a ZeroDivisionError after the first step (ADA's).
     ("reg.every=0",): "error: reg.every=0: it must be >= 1 (D updates between the gradient penalties of reg=r1 and "
@@ -144,7 +145,7 @@ CONFIG_ERRORS = {
     ("data.channels=2",): "error: data.channels=2: images have 1 (grayscale) or 3 (RGB) channels: use data.channels=1 "
                           "or data.channels=3",
     ("data.image_size=0",): "error: data.image_size=0: it must be >= 1 (the images' height and width in pixels; "
-                            "model=dcgan: >= 4)",
+                            "model=dcgan and model=resnet: >= 4)",
     ("ckpt_path=/nonexistent.ckpt",): "error: ckpt_path=/nonexistent.ckpt does not exist: give the path of a .ckpt "
                                       "file, e.g. <run>/checkpoints/last.ckpt",
     ("health.start=1",): "error: health.start=1.0: it must be in [0, 1) (the share of trainer.max_steps after which "

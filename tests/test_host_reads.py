@@ -90,6 +90,8 @@ RECIPES = {
     "wgan_gp, 5 D updates": ["loss=wgan_gp"],
     "conditional": ["model.conditional=true"],
     "AC-GAN": ["model.conditional=true", "model.d_condition=classifier"],
+    "resnet, AC-GAN": ["model=resnet", "model.width=4", "model.cardinality=2", "model.conditional=true",
+                       "model.d_condition=classifier"],
     "skip_nonfinite": ["train.skip_nonfinite=true"],
     # Its figures join the logging step's one read.
     "health check at every logging step, memorisation measured": ["health.every=3", "data.limit=40"],

@@ -12,6 +12,7 @@ from gan.errors import ConfigError
 
 DCGAN = {"name": "dcgan", "width": 8, "d_batchnorm": True, "spectral_norm": False}
 MLP = {"name": "mlp", "hidden": 16, "layers": 2, "spectral_norm": False}
+RESNET = {"name": "resnet", "width": 4, "blocks": 1, "cardinality": 2, "expansion": 2, "spectral_norm": False}
 
 
 @pytest.mark.parametrize("size", [8, 12, 16, 28, 32, 64])
@@ -33,7 +34,7 @@ def test_mlp_for_points_and_images():
     assert images.shape == (3, 1, 8, 8) and d(images).shape == (3,)
 
 
-@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (MLP, (2,))])
+@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (RESNET, (1, 16, 16)), (MLP, (2,))])
 def test_conditional_models_take_labels_and_condition_maps(model, shape):
     g, d = build_models(model, z_dim=6, shape=shape, num_classes=10)
     labels = torch.tensor([0, 3, 9])
@@ -44,14 +45,14 @@ def test_conditional_models_take_labels_and_condition_maps(model, shape):
     assert d(torch.cat((condition, fake), dim=1)).shape == (3,)
 
 
-@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (MLP, (2,))])
+@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (RESNET, (1, 16, 16)), (MLP, (2,))])
 def test_a_classifying_d_sees_the_sample_alone_and_scores_it_and_its_class(model, shape):
     g, d = build_models(model | {"d_condition": "classifier"}, z_dim=6, shape=shape, num_classes=10)
     fake = g(torch.randn(3, 6), torch.tensor([0, 3, 9]))
     assert d(fake).shape == (3, 11)  # no condition channels in; the real/fake logit and 10 class logits out
 
 
-@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (MLP, (2,))])
+@pytest.mark.parametrize("model,shape", [(DCGAN, (1, 16, 16)), (RESNET, (1, 16, 16)), (MLP, (2,))])
 def test_a_latent_code_goes_into_g_and_d_names_it(model, shape):
     """``codes`` without labels: G takes the code one-hot beside its noise; D sees the sample alone and scores
     it and the code (the d_condition of a conditional D does not apply)."""
@@ -77,7 +78,9 @@ def test_unsupported_combinations_are_config_errors():
     with pytest.raises(ConfigError, match="image_size"):
         build_models(DCGAN, z_dim=4, shape=(1, 2, 2))
     with pytest.raises(ConfigError, match="unknown model"):
-        build_models({"name": "resnet"}, z_dim=4, shape=(2,))
+        build_models({"name": "stylegan"}, z_dim=4, shape=(2,))
+    with pytest.raises(ConfigError, match="model=resnet needs image data"):
+        build_models(RESNET, z_dim=4, shape=(2,))
     with pytest.raises(ConfigError, match="use model.codes=0 or model.conditional=false"):
         latent_codes(MLP | {"conditional": True, "codes": 8})
     assert latent_codes(MLP) == 0  # configs from before the key existed: no code

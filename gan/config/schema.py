@@ -93,7 +93,8 @@ class Data:
     num_workers: int = key(resume="free")  # how the data is read, not what it is
     num_points: int = MISSING  # ring, grid
     std: float = MISSING
-    image_size: int = key(least=1, meaning="the images' height and width in pixels; model=dcgan: >= 4")  # images
+    image_size: int = key(least=1, meaning="the images' height and width in pixels; model=dcgan and model=resnet: "
+                          ">= 4")  # images
     channels: int = key(values=(1, 3), meaning="images have 1 (grayscale) or 3 (RGB) channels: use data.channels=1 "
                         "or data.channels=3")
     channels_last: bool = key(meaning="NHWC layout for G, D and the real batches of images (docs/benchmarks.md)",
@@ -116,7 +117,11 @@ class Model:
     d_condition: str = key(values=("input", "classifier"), meaning="use model.d_condition=input (labels beside D's "
                            "input) or model.d_condition=classifier (D predicts them, AC-GAN)", before="input")
     codes: int = key(least=0, meaning="values of G's latent code; 0: none, e.g. model.codes=8", before=0)
-    width: int = key(least=1, meaning="model=dcgan's channels at its widest resolution")  # dcgan
+    # dcgan, resnet
+    width: int = key(least=1, meaning="model=dcgan's and model=resnet's channels at their highest resolution")
+    blocks: int = key(least=1, meaning="model=resnet's residual blocks per resolution")  # resnet
+    cardinality: int = key(least=1, meaning="model=resnet's groups in each block's 3x3 convolution")
+    expansion: int = key(least=1, meaning="model=resnet's widening inside each block")
     d_batchnorm: bool = key(meaning="BatchNorm in D's inner layers (model=dcgan); loss=wgan_gp sets it false",
                             was=("loss.batchnorm_in_d",), was_choice=True)
     hidden: int = key(least=1, meaning="model=mlp's units per hidden layer")  # mlp

@@ -2,12 +2,13 @@
 
 A block is a layer with weights (a convolution or a linear layer), with the tensors its weight is computed from
 under a parametrization (spectral norm's ``parametrizations.weight.original``: what its optimizer steps), together
-with the normalisation layers that follow it (BatchNorm): G's and D's ``nn.Sequential`` read in order, so D's
-first block is the one that sees the image (FreezeD: Mo, Cho and Shin, 2020) and G's first the one that sees
-the noise. A frozen parameter is left out of its optimizer (gan/run/module.py), so it never gets a ``.grad`` or
-optimizer state and never moves; ``gan.core.contexts.frozen``, which freezes D in every G update, restores each
-flag as it was, so a partly frozen D stays partly frozen. A parametrization's buffers (spectral norm's power
-iteration vectors ``_u``, ``_v``) keep updating in training mode, as BatchNorm's running statistics do.
+with the normalisation layers that follow it (BatchNorm); or a module that declares ``is_block = True``, with every
+layer inside it (model=resnet's residual blocks, transitions and bases). G's and D's ``nn.Sequential`` read in
+order, so D's first block is the one that sees the image (FreezeD: Mo, Cho and Shin, 2020) and G's first the one
+that sees the noise. A frozen parameter is left out of its optimizer (gan/run/module.py), so it never gets a
+``.grad`` or optimizer state and never moves; ``gan.core.contexts.frozen``, which freezes D in every G update,
+restores each flag as it was, so a partly frozen D stays partly frozen. A parametrization's buffers (spectral norm's
+power iteration vectors ``_u``, ``_v``) keep updating in training mode, as BatchNorm's running statistics do.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ def blocks(network: nn.Module) -> dict[str, list[str]]:
     orthogonal...) is computed from the tensors its optimizer steps, ``<layer>.parametrizations.weight.original``
     and any parameter of the parametrization: they belong to their layer's block."""
     grouped: dict[str, list[str]] = {}
-    held: set[int] = set()  # the modules of a layer's parametrizations: parts of that layer, not layers
+    held: set[int] = set()  # the modules of a layer's parametrizations or of a whole block: parts, not layers
     for prefix, layer in network.named_modules():
         if id(layer) in held:
+            continue
+        if getattr(layer, "is_block", False):  # a block of several layers (a residual block): frozen whole
+            held.update(id(m) for m in layer.modules())
+            grouped[prefix] = [f"{prefix}.{name}" for name, _ in layer.named_parameters()]
             continue
         own = [name for name, _ in layer.named_parameters(recurse=False)]
         if parametrize.is_parametrized(layer):

@@ -1,4 +1,5 @@
-"""Generators and discriminators: ``mlp`` (2D data and flattened images) and ``dcgan``.
+"""Generators and discriminators: ``mlp`` (2D data and flattened images), ``dcgan`` and ``resnet`` (R3GAN's,
+from the layers of gan/core/resnet.py).
 
 A conditional discriminator does not take labels itself. With ``d_condition: input`` (Mirza and Osindero
 2014) the training step builds its input as ``torch.cat((condition, x), dim=1)``, so the detach of ``x``
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
+from gan.core.resnet import DiscriminativeBasis, GenerativeBasis, scaled_init, stage_widths, stages
 from gan.errors import ConfigError
 
 
@@ -47,10 +49,10 @@ def balanced_labels(num_samples: int, num_classes: int) -> torch.Tensor:
     return torch.arange(num_samples) % max(num_classes, 1)
 
 
-def resolution_plan(size: int) -> tuple[int, int]:
+def resolution_plan(size: int, model: str = "dcgan") -> tuple[int, int]:
     """(start, n): the image is ``start * 2**n`` pixels wide, halving while it stays >= 4 pixels."""
     if size < 4:
-        raise ConfigError(f"model=dcgan needs data.image_size >= 4, got {size}")
+        raise ConfigError(f"model={model} needs data.image_size >= 4, got {size}")
     n = 0
     while size % 2 == 0 and size // 2 >= 4:
         size //= 2
@@ -164,6 +166,47 @@ class DCGANDiscriminator(nn.Module):
         return self.net(x)
 
 
+class ResNetGenerator(nn.Module):
+    """z (and one-hot labels) -> the basis at (start x start) -> stages doubling to the image -> 1x1 to the
+    channels. No tanh, as in R3GAN: samples are clamped to [-1, 1] where they become pixels."""
+
+    def __init__(self, z_dim: int, channels: int, image_size: int, width: int, blocks: int, cardinality: int,
+                 expansion: int, num_classes: int = 0):
+        super().__init__()
+        self.num_classes = num_classes
+        start, n = resolution_plan(image_size, "resnet")
+        widths = stage_widths(width, n + 1)
+        self.net = nn.Sequential(
+            GenerativeBasis(z_dim + num_classes, widths[0], start),
+            *stages(widths, blocks, cardinality, expansion, zero_init=True, up=True),
+            scaled_init(nn.Conv2d(widths[-1], channels, 1), 1.0))
+
+    def forward(self, z: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self.num_classes:
+            z = torch.cat((z, one_hot(labels, self.num_classes)), dim=1)
+        return self.net(z)
+
+
+class ResNetDiscriminator(nn.Module):
+    """1x1 from the channels -> stages halving to (start x start) -> the basis: (N,), or (N, outputs) for more
+    than one output. ``zero_init=False`` (under spectral norm) starts each block's last layer scaled, not at 0."""
+
+    def __init__(self, in_channels: int, image_size: int, width: int, blocks: int, cardinality: int, expansion: int,
+                 outputs: int = 1, zero_init: bool = True):
+        super().__init__()
+        start, n = resolution_plan(image_size, "resnet")
+        widths = stage_widths(width, n + 1)[::-1]
+        self.net = nn.Sequential(
+            scaled_init(nn.Conv2d(in_channels, widths[0], 1), 1.0),
+            *stages(widths, blocks, cardinality, expansion, zero_init, up=False),
+            DiscriminativeBasis(widths[-1], start, outputs))
+        self.outputs = outputs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        return out.view(-1) if self.outputs == 1 else out
+
+
 def dcgan_init(module: nn.Module) -> None:
     """Weights N(0, 0.02), BatchNorm scales N(1, 0.02), as in the DCGAN paper."""
     for m in module.modules():
@@ -194,7 +237,24 @@ def build_generator(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...
             raise ConfigError("model=dcgan needs image data, not 2D points: use model=mlp "
                               "(data=ring or data=grid alone trains its 2D recipe, an MLP)")
         return DCGANGenerator(z_dim, shape[0], shape[1], model_cfg["width"], num_classes)
-    raise ConfigError(f"unknown model '{name}': use model=mlp or model=dcgan")
+    if name == "resnet":
+        sizes = resnet_sizes(model_cfg, shape)
+        return ResNetGenerator(z_dim, shape[0], shape[1], *sizes, num_classes)
+    raise ConfigError(f"unknown model '{name}': use model=mlp, model=dcgan or model=resnet")
+
+
+def resnet_sizes(model_cfg: dict[str, Any], shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(width, blocks, cardinality, expansion) of ``model=resnet``; a ConfigError where its grouped convolutions
+    cannot split a stage's channels into ``cardinality`` groups (or for 2D points)."""
+    if len(shape) != 3:
+        raise ConfigError("model=resnet needs image data, not 2D points: use model=mlp "
+                          "(data=ring or data=grid alone trains its 2D recipe, an MLP)")
+    width, cardinality, expansion = model_cfg["width"], model_cfg["cardinality"], model_cfg["expansion"]
+    if (width * expansion) % cardinality:  # the fewest of any stage; every other stage's are a multiple of them
+        raise ConfigError(f"model.cardinality={cardinality} does not divide the {width * expansion} channels of "
+                          f"model=resnet's blocks at full resolution (model.width={width} x model.expansion="
+                          f"{expansion}): choose a cardinality that divides {width * expansion}")
+    return width, model_cfg["blocks"], cardinality, expansion
 
 
 @dataclass(frozen=True)
@@ -285,6 +345,9 @@ def build_models(model_cfg: dict[str, Any], z_dim: int, shape: tuple[int, ...],
         d_in = (shape[0] + condition_channels) * math.prod(shape[1:])
         d = MLPDiscriminator(d_in, model_cfg["hidden"], model_cfg["layers"], outputs,
                              model_cfg.get("d_fourier", 0), model_cfg.get("d_fourier_scale", 1.0))
+    elif model_cfg["name"] == "resnet":
+        d = ResNetDiscriminator(shape[0] + condition_channels, shape[1], *resnet_sizes(model_cfg, shape), outputs,
+                                zero_init=not model_cfg.get("spectral_norm", False))
     else:
         channels, size = shape[0], shape[1]
         d = DCGANDiscriminator(channels + condition_channels, size, model_cfg["width"],
