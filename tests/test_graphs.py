@@ -138,3 +138,13 @@ def test_picture_is_an_rgb_image(step_graphs):
     image = graphs.picture([step_graphs["d_loss"], step_graphs["g_loss"]], "title")
     assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
     assert image.shape[1] > image.shape[0] / 2  # two panels side by side
+
+
+def test_the_resnet_step_s_losses_reach_the_same_networks_as_dcgan_s():
+    """`python -m gan.patterns graph --model resnet`: the detach and the freeze do the same on R3GAN's networks."""
+    module = training_module(CPU, model="resnet")
+    g_parameters, d_parameters = parameter_names(module.G, "G"), parameter_names(module.D, "D")
+    drawn = demo.step_graphs(CPU, model="resnet")
+    assert drawn["d_loss"].parameters == d_parameters and drawn["d_loss"].held("cut") == ["G's output, detached"]
+    assert drawn["g_loss"].parameters == g_parameters and set(drawn["g_loss"].absent) == d_parameters
+    assert "ConvolutionBackward0" in drawn["g_loss"].operations("D")  # through D's blocks, none of them leaves

@@ -195,6 +195,26 @@ def test_a_checkpoint_from_before_the_skip_counters_resumes_and_evaluates(ring_r
                     "num_samples=100") == 0
 
 
+@pytest.mark.parametrize("max_steps", [6, 4], ids=["at-the-end", "below-the-step"])
+def test_a_resume_with_no_step_left_is_refused_in_one_line_and_the_advice_trains_on(digits_run, tmp_path, capsys,
+                                                                                     max_steps):
+    """The digits run ends at step 6: resuming it with trainer.max_steps 6 or 4 would train nothing and rewrite its
+    last.ckpt with the lower count; refused before anything is written, and the advised count trains on."""
+    last = digits_run / "checkpoints" / "last.ckpt"
+    files = {p: p.read_bytes() for p in digits_run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert run_train(digits_run, f"ckpt_path={last}", f"trainer.max_steps={max_steps}") == 2
+    where = "the end of its run" if max_steps == 6 else "past trainer.max_steps=4"
+    assert one_line(capsys) == (f"error: ckpt_path={last} is at generator step 6, {where}: a resume trains up to "
+                                "trainer.max_steps, so give more (trainer.max_steps=12), or score it as it is with "
+                                f"python evaluate.py run_dir={digits_run}")
+    assert {p: p.read_bytes() for p in digits_run.rglob("*") if p.is_file()} == files
+    run = tmp_path / "more"
+    assert run_train(run, f"ckpt_path={last}", "trainer.max_steps=12") == 0  # the advice, followed
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert int(state["counters.g_updates"]) == 12
+
+
 def test_a_resume_with_another_loss_is_refused_in_one_line_unless_asked_for(digits_run, tmp_path, capsys):
     last = digits_run / "checkpoints" / "last.ckpt"
     hydra_dir = {p.name: p.read_bytes() for p in (digits_run / ".hydra").iterdir()}

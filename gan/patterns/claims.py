@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     draw = commands.add_parser("graph", help="draw the autograd graphs of one training step (gan/evaluation/graphs.py)")
     draw.add_argument("--out", type=Path, default=Path("outputs/graphs"),
                        help="where the SVG and PNG pictures go (default: outputs/graphs)")
+    draw.add_argument("--model", default="dcgan", choices=("dcgan", "resnet"),
+                      help="the networks of the step: model=dcgan (default) or model=resnet, small")
     args = parser.parse_args(argv)
     try:
         device = resolve_device(args.device)
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.command == "graph":
-        return graph.main(args.out, device)
+        return graph.main(args.out, device, args.model)
     results = run(device, [args.only] if args.only else DEMOS)
     print(markdown_table(results))
     return 0 if all(r.ok is not False for r in results) else 1

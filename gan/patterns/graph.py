@@ -12,12 +12,13 @@ from gan.evaluation.graphs import ForwardRecorder, Graph, dot_path, draw, text_t
 from gan.patterns.models import adam, gan_inputs, training_module
 
 
-def step_graphs(device: torch.device, batch: int = 4) -> dict[str, Graph]:
-    """The graphs of one training step of the GANModule that train.py builds (small: 16 x 16 images),
+def step_graphs(device: torch.device, batch: int = 4, model: str = "dcgan") -> dict[str, Graph]:
+    """The graphs of one training step of the GANModule that ``train.py model=<model>`` builds (small: 16 x 16
+    images),
     recorded as :func:`gan.core.step.generator_step` runs it, before each backward; then, for contrast, the
     D update on the undetached ``fake`` (:func:`gan.core.step.d_update`), the G loss with D left trainable,
     and sampling (``GANModule.generate``, under ``evaluating``)."""
-    module = training_module(device)
+    module = training_module(device, model=model)
     g, d = module.G, module.D
     z, real = gan_inputs(device, batch)
     known = {"real images": real, "noise z": z}
@@ -58,10 +59,10 @@ PICTURES = {
 }
 
 
-def main(out: Path, device: torch.device) -> int:
+def main(out: Path, device: torch.device, model: str = "dcgan") -> int:
     """Print every graph of :func:`step_graphs` as a text tree; draw them (SVG and PNG) into ``out``
     when Graphviz's ``dot`` is installed."""
-    graphs = step_graphs(device)
+    graphs = step_graphs(device, model=model)
     print("\n\n".join(text_tree(g) for g in graphs.values()))
     if dot_path() is None:
         print("\nno pictures: Graphviz's `dot` is not installed (apt-get install graphviz)")

@@ -43,10 +43,11 @@ def adam(module: nn.Module) -> torch.optim.Adam:
     return torch.optim.Adam(module.parameters(), lr=2e-4, betas=(0.5, 0.999))
 
 
-def training_module(device: torch.device, num_classes: int = 0, width: int = 8) -> GANModule:
-    """The GANModule that ``python train.py`` builds -- composed from the project's configs -- for
+def training_module(device: torch.device, num_classes: int = 0, width: int = 8, model: str = "dcgan") -> GANModule:
+    """The GANModule that ``python train.py model=<model>`` builds -- composed from the project's configs -- for
     1-channel SIZE x SIZE images, with augmentation and regularizers off (D's loss is the plain loss)."""
-    cfg = compose("data=digits", "augment=none", "reg=none", "loss=nonsaturating", f"model.width={width}",
-                  f"data.image_size={SIZE}", f"train.z_dim={Z_DIM}", f"model.conditional={bool(num_classes)}")
+    cfg = compose("data=digits", f"model={model}", "augment=none", "reg=none", "loss=nonsaturating",
+                  f"model.width={width}", f"data.image_size={SIZE}", f"train.z_dim={Z_DIM}",
+                  f"model.conditional={bool(num_classes)}")
     container = OmegaConf.to_container(cfg, resolve=True)
     return build_module(container, (1, SIZE, SIZE), g_condition(container["model"], num_classes)).to(device)

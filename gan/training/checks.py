@@ -26,7 +26,7 @@ from gan.run.hold import TRAIN_FIX, held_for_task
 from gan.run.legacy import upgrade_config
 from gan.run.module import GANModule
 from gan.training.loggers import check_loggers
-from gan.training.resume import Change, changes_from, check_changes
+from gan.training.resume import Change, changes_from, check_changes, check_steps_left
 
 # trainer.strategy=ddp_separate (configs/trainer/ddp.yaml): G and D each in a DistributedDataParallel of its own,
 # built with the run (gan/training/assemble.py).
@@ -184,6 +184,7 @@ def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
         upgrade_config(composed)  # alike: a key this config's options lack at the value older runs trained with
         start.changes = changes_from(start.checkpoint, composed)
         check_changes(start.changes, cfg)
+        check_steps_left(start.checkpoint, cfg)
     CHECKED[run_dir.expanduser().resolve()] = (given, start)
     return start
 

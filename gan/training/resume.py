@@ -155,3 +155,16 @@ def check_fixed(fixed: list[Change], cfg: DictConfig) -> None:
     raise ConfigError(f"ckpt_path={cfg.ckpt_path}: {'; '.join(c.describe() for c in fixed)}: {why}, so a resume "
                       f"cannot change {'it' if len(fixed) == 1 else 'them'}, not even with resume.allow_changes=true: "
                       f"resume with {undo}{fresh}")
+
+
+def check_steps_left(checkpoint: dict[str, Any], cfg: DictConfig) -> None:
+    """Refuse a resume with no generator step left to train: ``trainer.max_steps`` at or below the checkpoint's step
+    would train nothing and rewrite the run's last.ckpt with a config that stops earlier than its weights."""
+    step = checkpoint["state_dict"].get("counters.g_updates")
+    if step is None or int(step) < cfg.trainer.max_steps:
+        return
+    step, run = int(step), Path(cfg.ckpt_path).resolve().parent.parent
+    where = "the end of its run" if step == cfg.trainer.max_steps else f"past trainer.max_steps={cfg.trainer.max_steps}"
+    raise ConfigError(f"ckpt_path={cfg.ckpt_path} is at generator step {step}, {where}: a resume trains up to "
+                      f"trainer.max_steps, so give more (trainer.max_steps={2 * step}), or score it as it is with "
+                      f"python evaluate.py run_dir={run}")
