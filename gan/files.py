@@ -24,7 +24,10 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as f:
-            write(f)
+            try:
+                write(f)
+            except RuntimeError as e:  # torch.save reports its file's failed write as a RuntimeError of its own
+                raise failed_write(f) or e from e
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
@@ -33,3 +36,14 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
                        f"the previous {path.name}, if there was one, is unchanged") from e
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def failed_write(f: BinaryIO) -> OSError | None:
+    """The OSError that writing more to ``f`` raises (a full disk, a file size limit), or None where it can be
+    written: after a writer's own error, whether the file was the cause."""
+    try:
+        f.flush()
+        os.write(f.fileno(), bytes(1 << 16))
+    except OSError as e:
+        return e
+    return None

@@ -253,3 +253,25 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint_of_its_step(tmp_path
         train(compose_config(*TINY, "checkpoint.every=4", run_dir=tmp_path / "once"),
               probes=[Signal(signum, twice=False)])
     assert stopped.value.code == code
+
+
+def test_a_full_disk_while_a_checkpoint_is_written_ends_in_one_line_and_leaves_no_partial_file(tmp_path):
+    """The disk filling up is simulated by a file size limit (RLIMIT_FSIZE, which the kernel enforces on every
+    write, as it does a full disk): torch.save's writer then fails with a RuntimeError of its own, which the run
+    reports as the failed write it is."""
+    import resource
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the failed write returns an error instead of a signal
+        # Below the tiny run's first checkpoint (over 300 kB), above its TensorBoard events and samples by then.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                         preexec_fn=limited, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    checkpoint = run_dir / "checkpoints" / "step_000003.ckpt"
+    assert out.stderr.strip().splitlines() == [
+        f"error: cannot write {checkpoint} (File too large): free disk space or choose a writable directory; the "
+        f"previous {checkpoint.name}, if there was one, is unchanged"]
+    assert list((run_dir / "checkpoints").iterdir()) == []  # no partial checkpoint, no temporary file
