@@ -119,6 +119,8 @@ def test_train_py_returns_the_metric_named_in_the_config(tmp_path):
 
 @pytest.mark.parametrize("overrides,expected", [
     (["metric=metrics/fid"], "metric=metrics/fid is measured only during training with eval.every=N"),
+    (["metric=metrics/fid", "eval.every=8"], "metric=metrics/fid is measured every eval.every=8 generator steps and "
+     "the run ends at trainer.max_steps=6, so it would never be logged: set eval.every=6"),
     (["metric=d/real"], "metric=d/real: train.py returns loss/d, loss/g or a metrics/<name>"),
     (["train.threads=0"], "train.threads=0: it must be >= 1"),
 ])

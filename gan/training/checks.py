@@ -79,6 +79,10 @@ def validate(cfg: DictConfig) -> DictConfig:
     if metric is not None and metric.startswith("metrics/") and not cfg.eval.every:
         raise ConfigError(f"metric={metric} is measured only during training with eval.every=N: set it, e.g. "
                           f"eval.every={cfg.trainer.max_steps} (once, at the last generator step)")
+    if metric is not None and metric.startswith("metrics/") and cfg.eval.every > cfg.trainer.max_steps:
+        raise ConfigError(f"metric={metric} is measured every eval.every={cfg.eval.every} generator steps and the run "
+                          f"ends at trainer.max_steps={cfg.trainer.max_steps}, so it would never be logged: set "
+                          f"eval.every={cfg.trainer.max_steps} (once, at the last generator step) or fewer")
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise ConfigError(f"ckpt_path={cfg.ckpt_path} does not exist: give the path of a .ckpt file, e.g. "
                           "<run>/checkpoints/last.ckpt")
