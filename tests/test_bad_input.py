@@ -151,7 +151,21 @@ CONFIG_ERRORS = {
     ("health.start=1",): "error: health.start=1.0: it must be in [0, 1) (the share of trainer.max_steps after which "
                          "health conditions are judged)",
     ("health.every=0",): "error: health.every=0: it must be >= 1 (generator steps between health checks)",
+    # A key every run needs, deleted: of train.yaml itself, of a shared base (trainer/default.yaml), of an option.
+    ("~seed",): "error: seed is not in the config, and every run of these options needs it: drop the ~seed override, "
+                "or add the key back with +seed=<value>",
+    ("~trainer.max_steps",): "error: trainer.max_steps is not in the config, and every run of these options needs it: "
+                             "drop the ~trainer.max_steps override, or add the key back with "
+                             "+trainer.max_steps=<value>",
+    ("model=resnet", "~model.cardinality"): "error: model.cardinality is not in the config, and every run of these "
+                                            "options needs it: drop the ~model.cardinality override, or add the key "
+                                            "back with +model.cardinality=<value>",
 }
+
+
+def test_a_deleted_key_added_back_as_the_refusal_says_trains(tmp_path):
+    assert run_train(tmp_path / "run", "~trainer.max_steps", "+trainer.max_steps=2") == 0
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize("overrides,expected", CONFIG_ERRORS.items(), ids=[" ".join(o) for o in CONFIG_ERRORS])

@@ -41,6 +41,7 @@ import math
 import re
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
+from pathlib import Path
 from typing import Any, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -483,3 +484,47 @@ def chosen(typed: Any, given: Any) -> Any:
     if not isinstance(given, dict):
         return typed
     return {key: chosen(typed[key], value) for key, value in given.items()}
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# The option groups whose keys differ from option to option: a run needs the keys of the option it chose.
+CHOSEN_BY_NAME = ("data", "model", "loss", "reg", "augment")
+# Groups every option of which builds on one file: a run needs that file's keys.
+SHARED_BASE = {"trainer": "default", "optim": "adam", "eval": "default"}
+
+
+def option_keys(group: str, option: str) -> list[str]:
+    """The dotted keys configs/<group>/<option>.yaml sets (under ``group``, or as they are for ``_global_``)."""
+    path = CONFIGS / group / f"{option}.yaml"
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    loaded = OmegaConf.to_container(OmegaConf.create(text))
+    loaded.pop("defaults", None)
+    flat = dotted(loaded)
+    return flat if "# @package _global_" in text else [f"{group}.{k}" for k in flat]
+
+
+def dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    return [k for key, value in tree.items()
+            for k in (dotted(value, f"{prefix}{key}.") if isinstance(value, dict) and value else [f"{prefix}{key}"])]
+
+
+def deleted_keys(cfg: DictConfig) -> list[str]:
+    """The keys a run of ``cfg``'s options needs that it lacks (a ``~key`` override deleted them): those
+    configs/train.yaml sets itself, those of the shared files of trainer, optim and eval, and those of the option
+    chosen in each of data, model, loss, reg and augment."""
+    own = OmegaConf.to_container(OmegaConf.load(CONFIGS / "train.yaml"))
+    needed = dotted({k: v for k, v in own.items() if k not in ("defaults", "hydra", "paths")})
+    needed += [k for group, base in SHARED_BASE.items() for k in option_keys(group, base)]
+    for group in CHOSEN_BY_NAME:
+        name = OmegaConf.select(cfg, f"{group}.name", default=None)
+        needed += option_keys(group, str(name)) if name is not None else [f"{group}.name"]
+    return [k for k in dict.fromkeys(needed) if not has_key(cfg, k)]
+
+
+def has_key(cfg: DictConfig, dotted_key: str) -> bool:
+    """Whether ``cfg`` holds ``dotted_key``, with a value or none yet (``???``)."""
+    parent, _, name = dotted_key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None, throw_on_missing=False) if parent else cfg
+    return isinstance(node, DictConfig) and name in node.keys()

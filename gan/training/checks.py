@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import Dataset
 
 from gan.cli import reported
-from gan.config.schema import TrainConfig, check_optimizer, conform
+from gan.config.schema import TrainConfig, check_optimizer, conform, deleted_keys
 from gan.core.models import d_classifies, g_condition
 from gan.data.datasets import build_dataset, data_shape, num_classes
 from gan.errors import ConfigError
@@ -60,6 +60,10 @@ def validate(cfg: DictConfig) -> DictConfig:
     accelerator = OmegaConf.select(cfg, "trainer.accelerator", default=None, throw_on_missing=False)
     if accelerator is not None:
         check_accelerator(str(accelerator))
+    deleted = deleted_keys(cfg)
+    if deleted:
+        raise ConfigError(f"{deleted[0]} is not in the config, and every run of these options needs it: drop the "
+                          f"~{deleted[0]} override, or add the key back with +{deleted[0]}=<value>")
     cfg = conform(cfg, TrainConfig)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
