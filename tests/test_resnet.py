@@ -90,13 +90,14 @@ def test_spectral_norm_starts_the_blocks_last_layer_off_zero_and_scores_finitely
 
 
 def test_a_cardinality_that_does_not_split_the_channels_is_refused_in_one_line(tmp_path, capsys):
-    assert run_train(tmp_path / "run", *TINY_RESNET, "model.cardinality=3") == 2
+    assert run_train(tmp_path / "run", *TINY_RESNET, "model.cardinality=3", "model.expansion=2") == 2
     assert one_line(capsys) == ("error: model.cardinality=3 does not divide the 8 channels of model=resnet's "
                                 "blocks at full resolution (model.width=4 x model.expansion=2): choose a "
                                 "cardinality that divides 8")
     assert not (tmp_path / "run" / "checkpoints").exists()
     # The advice, followed: a cardinality that divides 8 trains.
-    assert run_train(tmp_path / "run", *TINY_RESNET, "model.cardinality=8", "trainer.max_steps=1") == 0
+    assert run_train(tmp_path / "run", *TINY_RESNET, "model.cardinality=8", "model.expansion=2",
+                     "trainer.max_steps=1") == 0
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ from gan.patterns.models import adam, gan_inputs, training_module
 
 def step_graphs(device: torch.device, batch: int = 4, model: str = "dcgan") -> dict[str, Graph]:
     """The graphs of one training step of the GANModule that ``train.py model=<model>`` builds (small: 16 x 16
-    images),
-    recorded as :func:`gan.core.step.generator_step` runs it, before each backward; then, for contrast, the
-    D update on the undetached ``fake`` (:func:`gan.core.step.d_update`), the G loss with D left trainable,
+    images), recorded as :func:`gan.core.step.generator_step` runs it, before each backward; then, for contrast,
+    the D update on the undetached ``fake`` (:func:`gan.core.step.d_update`), the G loss with D left trainable,
     and sampling (``GANModule.generate``, under ``evaluating``)."""
     module = training_module(device, model=model)
     g, d = module.G, module.D

@@ -46,8 +46,10 @@ def adam(module: nn.Module) -> torch.optim.Adam:
 def training_module(device: torch.device, num_classes: int = 0, width: int = 8, model: str = "dcgan") -> GANModule:
     """The GANModule that ``python train.py model=<model>`` builds -- composed from the project's configs -- for
     1-channel SIZE x SIZE images, with augmentation and regularizers off (D's loss is the plain loss)."""
+    # model=resnet: its default groups (one channel each at full resolution) at this width
+    groups = [f"model.cardinality={width}"] if model == "resnet" else []
     cfg = compose("data=digits", f"model={model}", "augment=none", "reg=none", "loss=nonsaturating",
-                  f"model.width={width}", f"data.image_size={SIZE}", f"train.z_dim={Z_DIM}",
+                  f"model.width={width}", *groups, f"data.image_size={SIZE}", f"train.z_dim={Z_DIM}",
                   f"model.conditional={bool(num_classes)}")
     container = OmegaConf.to_container(cfg, resolve=True)
     return build_module(container, (1, SIZE, SIZE), g_condition(container["model"], num_classes)).to(device)
