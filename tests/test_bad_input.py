@@ -386,10 +386,11 @@ def test_a_checkpoint_of_other_networks_lists_the_mismatched_tensors(digits_run,
     """Networks the checkpoint cannot fill, even where the changed config is allowed (resume.allow_changes):
     without it, the config's own comparison refuses model.width=4 first (tests/test_resume.py)."""
     last = digits_run / "checkpoints" / "last.ckpt"
-    assert run_train(tmp_path / "run", f"ckpt_path={last}", "model.width=4") == 2
+    more = "trainer.max_steps=8"  # steps left to train: a resume at the run's end is refused before this
+    assert run_train(tmp_path / "run", f"ckpt_path={last}", "model.width=4", more) == 2
     assert one_line(capsys).startswith(f"error: ckpt_path={last} was trained with other networks, objective or data "
                                        "(model.width=8 there, 4 here): resume with model.width=8 to go on as trained")
-    assert run_train(tmp_path / "run", f"ckpt_path={last}", "model.width=4", "resume.allow_changes=true") == 2
+    assert run_train(tmp_path / "run", f"ckpt_path={last}", "model.width=4", "resume.allow_changes=true", more) == 2
     assert one_line(capsys) == (
         f"error: ckpt_path={last} holds other networks than this config builds (G.net.1.weight (64, 16, 4, 4) in the "
         "checkpoint, (64, 8, 4, 4) here; G.net.2.weight (16,) in the checkpoint, (8,) here; G.net.2.bias (16,) in the "
