@@ -176,7 +176,8 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
     path = Path(cache_dir).expanduser() / f"{kind}-{data_id}-{channels}x{height}x{width}-{steps}steps.pt"
     if path.exists():
         saved = read_verified(path)
-        net = ConvClassifier(channels, width, saved["num_classes"], saved["width"])
+        with torch.random.fork_rng(devices=[]):  # the layers' initial draws, overwritten below, leave the run's alone
+            net = ConvClassifier(channels, width, saved["num_classes"], saved["width"])
         try:
             net.load_state_dict(saved["state_dict"])
         except RuntimeError:  # written by an older version of ConvClassifier
