@@ -17,7 +17,7 @@ from gan.core.health import CONDITIONS, HealthJudge, loss_ratio, separation, spr
 from gan.core.losses import LOSSES
 from gan.errors import UNHEALTHY
 from gan.training.health import FILE
-from gan.training.loop import train
+from gan.training.loop import Probe, train
 
 
 def test_separation_is_half_for_alike_scores_and_one_for_scores_apart():
@@ -55,7 +55,8 @@ def test_spread_is_zero_for_copies_and_scales_with_the_samples():
 def healthy_figures() -> dict[str, float]:
     """A check of a run that trains well: D unsure, the same on training and held-out images, samples as
     spread as real ones, nothing growing."""
-    return {"d_loss_ratio": 0.9, "d_memorisation": 0.52, "diversity": 0.95, "blowup": 0.3}
+    return {"d_loss_ratio": 0.9, "d_memorisation": 0.52, "diversity": 0.95, "fit": 0.97, "coverage": 0.95,
+            "labels_obeyed": 0.99, "blowup": 0.3}
 
 
 @pytest.mark.parametrize("condition", CONDITIONS, ids=lambda c: c.name)
@@ -71,11 +72,29 @@ def test_each_condition_starts_on_the_median_of_its_last_checks_and_ends_with_it
         started += [(x.condition, step) for x in s]
         ended += [(x.condition, step) for x in e]
         assert twin.judge(step, healthy_figures()) == ([], [])
-    # Not before 300 (health.start) though bad since 100; the good check at 500 does not end it; two of the three
-    # checks 1000, 1100 good end it at 1100; the lone bad check at 1300 starts nothing.
+    # Bad since 100, never healthy before, so judged from 300 (health.start) on. The good check at 500 does not end
+    # it; two of the three checks 1000, 1100 good end it at 1100; the lone bad check at 1300 starts nothing.
     assert started == [(condition.name, 300)]
     assert ended == [(condition.name, 1100)]
     assert twin.events == []
+
+
+@pytest.mark.parametrize("condition", CONDITIONS, ids=lambda c: c.name)
+def test_a_figure_is_judged_once_healthy_or_from_health_start_and_divergence_from_the_first_checks(condition):
+    """A run still learning is not judged before health.start however bad its figure; one whose figure was healthy
+    is, from then on (a relapse); divergence always is: a run can be blown up from its first step."""
+    bad = condition.threshold + (0.5 if condition.above else -0.5 * condition.threshold)
+    good = healthy_figures()[condition.figure]
+
+    def started(figures: list[float]) -> list[tuple[str, int]]:
+        judge = HealthJudge(start=1500, patience=3)
+        return [(e.condition, step) for step, value in zip(range(100, 2000, 100), figures)
+                for e in judge.judge(step, healthy_figures() | {condition.figure: value})[0]]
+
+    first = 300 if condition.name == "divergence" else 1500
+    assert started([bad] * 19) == [(condition.name, first)]  # never healthy: from health.start
+    # Healthy at 300 (the first median of three), bad from 700: the median of three is bad at 800.
+    assert started([good] * 6 + [bad] * 13) == [(condition.name, 800)]
 
 
 def test_a_non_finite_figure_starts_divergence_at_once():
@@ -88,8 +107,12 @@ def test_blowup_counts_orders_of_magnitude_above_the_lowest_level_held_since_sta
     judge = HealthJudge(start=300, patience=3)
     scales = {"grad_norm/g": 0.2, "grad_norm/d": 5.0, "d/real_running": 1.0, "d/fake_running": -1.0,
               "train/skipped_d": 0.0, "train/skipped_g": 0.0}
-    # Before start: not measured (a run's first gradients are no level to hold).
+    # Before start: no level held to grow from (a run's first gradients are none) ...
     assert judge.blowup(100, scales | {"grad_norm/d": 5e6}) == 0.0
+    # ... but sizes no training run reaches count from the first check: D's loss at 10^9 times chance, D's outputs
+    # at 10^7 (five orders past 100).
+    assert judge.blowup(100, scales | {"health/d_loss_ratio": 1e9}) == pytest.approx(9.0)
+    assert judge.blowup(200, scales | {"d/fake_running": -1e7}) == pytest.approx(5.0)
     for step in (300, 400, 500):
         assert judge.blowup(step, scales) < 1e-9  # steady: nothing grows
     assert judge.blowup(600, scales | {"grad_norm/d": 5e3}) == pytest.approx(3.0)  # 5 held -> 5,000
@@ -99,16 +122,24 @@ def test_blowup_counts_orders_of_magnitude_above_the_lowest_level_held_since_sta
     assert judge.blowup(1000, scales | {"loss/d": math.nan}) == math.inf
 
 
-def test_the_judges_state_goes_through_a_checkpoint():
+def test_the_judges_state_lives_in_buffers_that_go_through_a_checkpoint():
     judge = HealthJudge(start=0, patience=2)
-    for step in (100, 200):
+    for step in (100, 200, 300, 400):
         judge.judge(step, healthy_figures() | {"diversity": 0.01})
-    judge.blowup(300, {"grad_norm/g": 1.0})
+    judge.blowup(500, {"grad_norm/g": 1.0})
+    assert {name for name, _ in judge.named_buffers()} == set(judge.state_dict())  # nothing kept beside them
     saved = torch.load(save(judge.state_dict()), weights_only=True)
     again = HealthJudge(start=0, patience=2)
     again.load_state_dict(saved)
-    assert again.state_dict() == judge.state_dict()
-    assert list(again.on) == ["collapse"]
+    for name, value in judge.state_dict().items():
+        torch.testing.assert_close(again.state_dict()[name], value, equal_nan=True, rtol=0, atol=0)
+    assert list(again.on) == ["collapse"] and again.events == judge.events
+    # A resume with a longer patience keeps each window's newest checks: the condition stays on, its figures too.
+    longer = HealthJudge(start=0, patience=3)
+    longer.load_state_dict(saved)
+    assert list(longer.on) == ["collapse"]
+    kept = longer.history[[c.name for c in CONDITIONS].index("collapse")].tolist()
+    assert math.isnan(kept[0]) and kept[1:] == [0.01, 0.01]
 
 
 def save(state, path=None):
@@ -132,7 +163,7 @@ def test_the_check_changes_nothing_in_training(tmp_path):
     a, b = (torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True) for name in ("on", "off"))
     for key in ("state_dict", "optimizer_states", "rng"):
         assert_identical(a[key], b[key], key)
-    assert a["health"]["recent"]["d_wins"]  # the check really ran: it kept its figures
+    assert not a["health"]["history"].isnan().all()  # the check really ran: it kept its figures
     assert b["health"] == {}
 
 
@@ -144,7 +175,7 @@ def test_the_figures_reach_tensorboard_the_summary_and_evaluate(tmp_path):
     assert run_train(run, *HEALTH_EVERY, "trainer.max_steps=4", "data.limit=40") == 0
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    for figure in ("d_loss_ratio", "d_memorisation", "diversity", "blowup"):
+    for figure in ("d_loss_ratio", "d_memorisation", "diversity", "fit", "coverage", "blowup"):
         assert [e.step for e in events.Scalars(f"health/{figure}")] == [2, 4]
     assert "health/text_summary" in events.Tags()["tensors"]  # the conditions met, at the end
     # Each start and end as it happens: a tiny run's first checks, judged from step 0, look ill.
@@ -174,8 +205,10 @@ def test_a_wasserstein_critic_is_not_judged_on_its_loss_and_the_log_says_so(tmp_
     with caplog.at_level(logging.INFO, logger="gan.training.health"):
         train(compose_config(*TINY, *HEALTH_EVERY, "loss=wgan_gp", "trainer.max_steps=2", run_dir=tmp_path / "run"))
     assert caplog.text.count("health: d_wins is not watched") == 1
-    recent = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["health"]["recent"]
-    assert recent["d_wins"] == [] and recent["collapse"]  # the other figures were checked
+    history = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["health"]["history"]
+    names = [c.name for c in CONDITIONS]
+    assert history[names.index("d_wins")].isnan().all()
+    assert not history[names.index("collapse")].isnan().all()  # the other figures were checked
 
 
 def test_divergence_fires_on_non_finite_updates_and_not_on_the_healthy_twin(tmp_path, caplog):
@@ -255,3 +288,84 @@ def test_the_other_split_is_held_out_where_its_files_are_there(tmp_path):
     stacked = OmegaConf.to_container(compose_config("data=stacked_mnist", f"data.root={tmp_path}",
                                                     "data.num_stacks=50").data, resolve=True)
     assert len(held_out(stacked, 0)) == 50  # stacks of the test split's digits
+
+
+def test_fit_and_coverage_score_real_data_as_its_floor_and_fall_off_the_data_and_with_missing_modes():
+    """In the points' own space: a second draw of the mixture scores what the first does against the reference
+    (the floor); samples on 5 of the 25 modes lose four fifths of the coverage but none of the fit; samples between
+    the modes lose the fit."""
+    from gan.data.datasets import mixture_dataset, mixture_means
+    from gan.evaluation.metrics import knn_radii, precision_coverage
+
+    reference = mixture_dataset("grid", 256, 0.05, seed=0).tensors[0]
+    radii = knn_radii(reference.double(), 3)
+    floor = precision_coverage(reference, radii, mixture_dataset("grid", 256, 0.05, seed=1).tensors[0])
+    again = precision_coverage(reference, radii, mixture_dataset("grid", 256, 0.05, seed=2).tensors[0])
+    assert [float(a / f) for a, f in zip(again, floor)] == pytest.approx([1, 1], abs=0.1)
+    means = mixture_means("grid")
+    five = means[torch.arange(256) % 5 * 5] + 0.05 * torch.randn(256, 2, generator=torch.Generator().manual_seed(3))
+    fit, coverage = (float(a / f) for a, f in zip(precision_coverage(reference, radii, five), floor))
+    assert fit > 0.9 and 0.1 < coverage < 0.3
+    between = five + 1.0  # half-way between the modes, at the data's spread
+    assert float(precision_coverage(reference, radii, between)[0]) == 0.0
+
+
+GRID_CHECKS = ["health.every=20", "health.patience=3", "log.every=20", "log.sample_every=100000",
+               "checkpoint.every=100000", "audit=false", "trainer.enable_progress_bar=false"]
+
+
+def test_off_data_and_partial_collapse_fire_on_networks_far_too_small_for_the_grid(tmp_path):
+    """G and D of 8 units each train calmly (D's loss near chance, nothing growing) while their samples miss the 25
+    modes: the conditions on D's figures stay silent, fit and coverage do not."""
+    train(compose_config("experiment=grid", "model.hidden=8", "model.layers=1", "model.d_fourier=0",
+                         "trainer.max_steps=200", "health.start=0.5", *GRID_CHECKS, run_dir=tmp_path / "run"))
+    met = {e["condition"]: e["started"] for e in json.loads((tmp_path / "run" / FILE).read_text())["conditions"]}
+    assert met["off_data"] == met["partial_collapse"] == 100  # judged from health.start, half the run
+    assert not {"d_wins", "d_memorises", "divergence"} & set(met)
+
+
+class IgnoreLabels(Probe):
+    """Makes G ignore its labels: every class asked for reaches it as class 0."""
+
+    def on_start(self, run):
+        for generator in {id(g): g for g in (run.module.G, run.module.sampling_generator)}.values():
+            generator.register_forward_pre_hook(lambda _, args: (args[0], torch.zeros_like(args[1])))
+
+
+def test_labels_ignored_fires_on_a_g_that_ignores_its_labels_and_not_on_the_healthy_twin(tmp_path):
+    """A conditional ring: the twin's samples follow their labels by step 700 (about 3 in 4 by its nearest-mode
+    classifier, against 1 in 8 for a G that ignores them), so that the condition is not on at the end."""
+    common = ["experiment=ring", "model.conditional=true", "ema.enabled=false", "optim.decay=constant",
+              "trainer.max_steps=800", "health.start=0.9", *GRID_CHECKS, "health.every=50", "log.every=50"]
+    train(compose_config(*common, run_dir=tmp_path / "ignores"), probes=[IgnoreLabels()])
+    train(compose_config(*common, run_dir=tmp_path / "twin"))
+    on_at_end = {run: [e["condition"] for e in json.loads((tmp_path / run / FILE).read_text())["conditions"]
+                       if e["ended"] is None] for run in ("ignores", "twin")}
+    assert "labels_ignored" in on_at_end["ignores"] and "labels_ignored" not in on_at_end["twin"]
+
+
+def test_divergence_fires_on_a_run_blown_up_from_its_first_checks(tmp_path, caplog):
+    """Learning rates of 0.3 on the ring: D's outputs and loss are huge from the first checks on, with no lower level
+    before them for a blow-up to be measured from; their size against chance and a bound is."""
+    with caplog.at_level(logging.WARNING, logger="gan.training.health"):
+        train(compose_config("experiment=ring", "optim.g.lr=0.3", "optim.d.lr=0.3", "trainer.max_steps=100",
+                             *GRID_CHECKS, run_dir=tmp_path / "run"))
+    assert "health: divergence at generator step 60" in caplog.text  # the third check: a median of three
+
+
+def test_a_run_too_short_to_judge_says_so_in_its_log_and_health_json(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="gan.training.health"):
+        train(compose_config(*TINY, "health.every=2", "health.patience=4", run_dir=tmp_path / "run"))
+    assert caplog.text.count("health: this run is too short to judge") == 1
+    assert json.loads((tmp_path / "run" / FILE).read_text())["judged"] is False
+
+
+def test_a_checkpoint_of_the_judge_as_it_was_kept_before_buffers_resumes(tmp_path):
+    """Its lists by condition name are set aside: the resumed run judges anew, and trains."""
+    assert run_train(tmp_path / "run", "trainer.max_steps=4", *HEALTH_EVERY) == 0
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["health"] = {"recent": {"d_wins": [0.5]}, "events": [], "sizes": {}, "lowest": {}, "skipped": 0.0}
+    torch.save(checkpoint, last)
+    assert run_train(tmp_path / "run", "trainer.max_steps=6", *HEALTH_EVERY, f"ckpt_path={last}") == 0
+    assert not torch.load(last, weights_only=True)["health"]["history"].isnan().all()

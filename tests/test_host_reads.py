@@ -11,7 +11,9 @@ whose counters live on the device and are never read.
 Counted over real training runs of every recipe, per generator step, from one step's start to the next
 (its callbacks included): zero on a step that logs nothing; on a logging step, one read of all logged
 values together (a health check's figures among them), plus the non-finite guard's one read of its verdict
-for the window (gan/training/guard.py).
+for the window (gan/training/guard.py). The health check's judge then reads its own state, registered
+buffers that stay on the host (it is no part of the module Fabric moves), which waits for no device:
+counted apart ("judge"), on checks only.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class HostReads(TorchDispatchMode):
 
     def record(self) -> None:
         frames = "".join(traceback.format_stack(limit=25))
-        self.counts["guard" if "gan/training/guard.py" in frames else "other"] += 1
+        self.counts["guard" if "gan/training/guard.py" in frames else "judge" if "gan/core/health.py" in frames
+                    else "other"] += 1
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default:
@@ -108,6 +111,8 @@ def test_a_step_reads_nothing_from_the_device_and_a_logging_step_reads_once(tmp_
     for step, counts in enumerate(counter.per_step, start=1):
         if step % LOG_EVERY and step != STEPS:  # the last step logs too
             assert counts == Counter(), f"generator step {step} read the device: {dict(counts)}"
+        elif "health.every=3" not in overrides:
+            assert counts["judge"] == 0, f"logging step {step}: {dict(counts)} (no health check due)"
         else:
             assert counts["other"] == 1, f"logging step {step}: {dict(counts)} (one read of all logged values)"
             assert counts["guard"] <= 1, f"logging step {step}: {dict(counts)}"

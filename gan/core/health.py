@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from gan.core.losses import AdversarialLoss
 
@@ -58,6 +58,7 @@ class Condition:
         return value >= self.threshold if self.above else value <= self.threshold
 
 
+
 # The conditions and their thresholds (measured: docs/results.md#training-health).
 CONDITIONS = (
     Condition("d_wins", "d_loss_ratio", 0.1, False,
@@ -67,13 +68,24 @@ CONDITIONS = (
               "D scores the training images above images it never trained on: it remembers its data"),
     Condition("collapse", "diversity", 0.30, False,
               "G's samples of the fixed noise lie much closer together than real images do"),
+    Condition("off_data", "fit", 0.3, False,
+              "far fewer of G's samples of the fixed noise lie among real data (in a feature space that does not "
+              "train with D) than real data of its own: the samples are not yet the data's, whatever D says"),
+    Condition("partial_collapse", "coverage", 0.3, False,
+              "G's samples of the fixed noise reach far fewer of the real data's neighbourhoods than real data "
+              "does: parts of the data are missing"),
+    Condition("labels_ignored", "labels_obeyed", 0.5, False,
+              "a classifier that does not train with D names the class G was asked for far less often in G's "
+              "samples than in real data: G does not follow its labels"),
     Condition("divergence", "blowup", 2.0, True,
-              "a gradient norm or D's output grew a hundredfold and more above the level it held, or an update was "
-              "non-finite"),
+              "a gradient norm or D's output grew a hundredfold and more above the level it held or above any "
+              "a run needs, D's loss is a hundred times its value at chance, or an update was non-finite"),
 )
 BY_NAME = {c.name: c for c in CONDITIONS}
 # Scalars whose size divergence follows (HealthJudge.blowup).
 WATCHED_SCALES = ("grad_norm/g", "grad_norm/d", "d/real_running", "d/fake_running")
+# D's running outputs above this are a blow-up of their own (HealthJudge.blowup counts the orders above it).
+OUTPUT_BOUND = 100.0
 
 
 @dataclass
@@ -87,84 +99,124 @@ class Event:
     ended: int | None = None
 
 
-class HealthJudge:
+class HealthJudge(nn.Module):
     """The conditions of one run, judged at each health check from the numbers it read (:meth:`judge`): a
     condition starts when the median of its figure over the last ``patience`` checks is past its threshold, and
     ends when that median is back (a median, so that one check's outlier neither starts nor ends one); a
-    non-finite figure starts divergence at once. Checks before generator step ``start`` are kept, not judged: a
-    run's first steps look like several failures (G's first samples are alike; D tells them from real ones at
-    once)."""
+    non-finite figure starts divergence at once.
+
+    When to judge: every run starts out looking ill (G's first samples are alike and off the data; D tells them
+    from real ones at once) and gets better while it learns, slowly or fast, and a run still learning looks like
+    one that never will. So a condition is judged from the first check at which its figure is healthy (the run's
+    first phase is over for it, and a relapse from there is a failure), and, for a figure not healthy yet, from
+    generator step ``start`` on (gan/training/assemble.py: a share of the run, and at least ``patience``
+    checks). Divergence is judged from the first check: a blow-up is never a first step's look.
+
+    Its state lives in registered buffers, like the run's other running statistics: the checkpoint holds them, and
+    a resume picks the judging up where it stopped."""
 
     def __init__(self, start: int, patience: int):
+        super().__init__()
         self.start, self.patience = start, patience
-        self.recent: dict[str, list[float]] = {c.name: [] for c in CONDITIONS}  # the last ``patience`` figures
-        self.on: dict[str, Event] = {}
-        self.events: list[Event] = []
+        nan = math.nan
+        # Each condition's last ``patience`` figures, newest last (nan: no check yet).
+        self.register_buffer("history", torch.full((len(CONDITIONS), patience), nan, dtype=torch.float64))
+        self.register_buffer("judging", torch.zeros(len(CONDITIONS), dtype=torch.bool))  # judged from now on
         # Of each watched scale, as log10: its last ``patience`` checks, and the lowest median of as many since start.
-        self.sizes: dict[str, list[float]] = {name: [] for name in WATCHED_SCALES}
-        self.lowest: dict[str, float] = {}
-        self.skipped = 0.0  # non-finite updates skipped, as of the last check
+        self.register_buffer("sizes", torch.full((len(WATCHED_SCALES), patience), nan, dtype=torch.float64))
+        self.register_buffer("lowest", torch.full((len(WATCHED_SCALES),), math.inf, dtype=torch.float64))
+        self.register_buffer("skipped", torch.zeros((), dtype=torch.float64))  # non-finite updates skipped so far
+        # Every condition met: (index in CONDITIONS, step started, figure then, step ended or -1 while on).
+        self.register_buffer("met", torch.empty(0, 4, dtype=torch.float64))
+        self.register_load_state_dict_pre_hook(fit_saved_shapes)
+
+    @property
+    def events(self) -> list[Event]:
+        return [Event(CONDITIONS[int(i)].name, int(started), float(value), None if ended < 0 else int(ended))
+                for i, started, value, ended in self.met.tolist()]
+
+    @property
+    def on(self) -> dict[str, Event]:
+        """The conditions on now, by name."""
+        return {e.condition: e for e in self.events if e.ended is None}
 
     def blowup(self, step: int, numbers: dict[str, float]) -> float:
-        """How many orders of magnitude a watched scale (a gradient norm, D's running output) lies above the lowest
-        level it held since ``start`` (the median of ``patience`` checks), or above 1 where that was lower: in a
-        run that trains, these are of order one and stay within an order or so of their level. Infinite for a
-        non-finite scalar or an update skipped since the last check (``train.skip_nonfinite``); 0 before ``start``."""
+        """How many orders of magnitude the run lies past where a run that trains stays: the most of
+
+        - a watched scale (a gradient norm, D's running output) above the lowest level it held since ``start`` (the
+          median of ``patience`` checks), or above 1 where that was lower (these are of order one, and stay within
+          an order or so of their level);
+        - D's loss above its value at chance (``health/d_loss_ratio`` above 1: D confidently wrong);
+        - D's running outputs above ``OUTPUT_BOUND`` (a logit of that size is a certainty no data asks for);
+
+        so a run that starts blown up counts as much as one that blows up later. Infinite for a non-finite scalar
+        or an update skipped since the last check (``train.skip_nonfinite``)."""
         skipped = numbers.get("train/skipped_d", 0.0) + numbers.get("train/skipped_g", 0.0)
-        newly_skipped, self.skipped = skipped > self.skipped, skipped
+        newly_skipped = skipped > float(self.skipped)
+        self.skipped.fill_(skipped)
         if newly_skipped or not all(math.isfinite(v) for v in numbers.values()):
             return math.inf
+        worst = orders(numbers.get("health/d_loss_ratio", 1.0))
+        for name in ("d/real_running", "d/fake_running"):
+            worst = max(worst, orders(numbers.get(name, 0.0)) - math.log10(OUTPUT_BOUND))
         if step < self.start:
-            return 0.0
-        worst = 0.0
-        for name, sizes in self.sizes.items():
+            return worst
+        for i, name in enumerate(WATCHED_SCALES):
             if name not in numbers:
                 continue
-            size = math.log10(abs(numbers[name]) + 1e-30)
-            sizes[:] = [*sizes, size][-self.patience:]
-            if len(sizes) == self.patience:
-                self.lowest[name] = min(self.lowest.get(name, math.inf), median(sizes))
-                worst = max(worst, size - max(0.0, self.lowest[name]))
+            size = orders(numbers[name])
+            self.sizes[i] = push(self.sizes[i], size)
+            if not self.sizes[i].isnan().any():
+                self.lowest[i] = min(float(self.lowest[i]), median(self.sizes[i].tolist()))
+                worst = max(worst, size - max(0.0, float(self.lowest[i])))
         return worst
 
     def judge(self, step: int, figures: dict[str, float]) -> tuple[list[Event], list[Event]]:
         """The conditions that start and those that end at generator step ``step``, given the check's ``figures``
         (those of :data:`CONDITIONS`, by figure name; a figure not measured for this run is absent)."""
-        started, ended = [], []
-        for condition in CONDITIONS:
+        started, ended, on = [], [], self.on
+        for i, condition in enumerate(CONDITIONS):
             value = figures.get(condition.figure)
             if value is None:
                 continue
-            recent = self.recent[condition.name]
-            recent[:] = [*recent, value][-self.patience:]
-            if step < self.start and math.isfinite(value):  # a non-finite update is never a first step's look
+            self.history[i] = push(self.history[i], value)
+            recent = self.history[i].tolist()
+            typical, complete = median(recent), not math.isnan(recent[0])
+            # Judged once healthy (a relapse from there is a failure), from ``start`` (a figure never healthy yet may
+            # still be learning before it), and from the first check for divergence (never a first step's look).
+            self.judging[i] |= complete and not condition.bad(typical) or step >= self.start or condition.name == (
+                "divergence")
+            if not self.judging[i] and math.isfinite(value):  # a non-finite update is never a first step's look
                 continue
-            on = self.on.get(condition.name)
-            typical = median(recent)
-            if on is None and (not math.isfinite(value) or len(recent) == self.patience and condition.bad(typical)):
-                event = Event(condition.name, step, value if not math.isfinite(value) else typical)
-                self.on[condition.name] = event
-                self.events.append(event)
-                started.append(event)
-            elif on is not None and len(recent) == self.patience and not condition.bad(typical):
-                on.ended = step
-                del self.on[condition.name]
-                ended.append(on)
+            if condition.name not in on and (not math.isfinite(value) or complete and condition.bad(typical)):
+                shown = value if not math.isfinite(value) else typical
+                self.met = torch.cat((self.met, self.met.new_tensor([[i, step, shown, -1]])))
+                started.append(self.events[-1])
+            elif condition.name in on and complete and not condition.bad(typical):
+                row = [r for r, e in enumerate(self.events) if e.condition == condition.name and e.ended is None][0]
+                self.met[row, 3] = step
+                ended.append(self.events[row])
         return started, ended
 
-    def state_dict(self) -> dict[str, Any]:
-        """Plain values, for the checkpoint (read back with ``torch.load(weights_only=True)``)."""
-        return {"recent": {k: list(v) for k, v in self.recent.items()}, "events": [vars(e).copy() for e in self.events],
-                "sizes": {k: list(v) for k, v in self.sizes.items()}, "lowest": dict(self.lowest),
-                "skipped": self.skipped}
+def fit_saved_shapes(module: HealthJudge, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Take a saved judge's state as it is where its shapes differ from this one's: the conditions met so far
+    (their count grows), and the windows of a run that ``health.patience`` changed for on resume (each keeps its
+    newest checks, nan before them)."""
+    module.met = torch.empty_like(state_dict[prefix + "met"])
+    for name in ("history", "sizes"):
+        saved, width = state_dict[prefix + name], getattr(module, name).shape[1]
+        padding = saved.new_full((len(saved), max(0, width - saved.shape[1])), math.nan)
+        state_dict[prefix + name] = torch.cat((padding, saved), dim=1)[:, -width:]
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.recent.update({k: list(v) for k, v in state["recent"].items()})
-        self.events = [Event(**e) for e in state["events"]]
-        self.on = {e.condition: e for e in self.events if e.ended is None}
-        self.sizes.update({k: list(v) for k, v in state["sizes"].items()})
-        self.lowest = dict(state["lowest"])
-        self.skipped = state["skipped"]
+
+def push(window: Tensor, value: float) -> Tensor:
+    """``window`` with ``value`` appended and its oldest value dropped."""
+    return torch.cat((window[1:], window.new_tensor([value])))
+
+
+def orders(value: float) -> float:
+    """log10 of ``value``'s size (``value`` finite)."""
+    return math.log10(abs(value) + 1e-30)
 
 
 def median(values: list[float]) -> float:

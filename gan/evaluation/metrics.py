@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -394,16 +395,22 @@ def build_metrics(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSett
         return stacked_metrics(data_cfg, dataset, settings, device)
     images, labels = real_images(dataset, settings.num_real)
     images = images.to(device)
-    classes = data_cfg.get("classes")
-    if classes is None:
-        space = feature_space(data_cfg, images, labels, settings, device)
-    else:  # the classifier of every class, which can tell a sample of the chosen classes from one of the others
-        whole = build_dataset({**data_cfg, "classes": None, "limit": None}, 0)
-        every, every_label = real_images(whole, settings.num_real)
-        space = feature_space(data_cfg, every.to(device), every_label, settings, device)
-    metrics = ImageMetrics(space, batch_size=settings.batch_size, classes=classes).to(device)
+    metrics = ImageMetrics(image_space(data_cfg, images, labels, settings, device), batch_size=settings.batch_size,
+                           classes=data_cfg.get("classes")).to(device)
     metrics.add_real(images, labels)
     return metrics
+
+
+def image_space(data_cfg: dict[str, Any], images: Tensor, labels: Tensor, settings: EvalSettings,
+                device: torch.device | str) -> FeatureExtractor:
+    """The feature space of a run's real ``images`` (and ``labels``), as :func:`feature_space` picks it; for a run
+    on some of the data's classes (``data.classes``), the classifier of every class, which can tell a sample of
+    the chosen classes from one of the others."""
+    if data_cfg.get("classes") is None:
+        return feature_space(data_cfg, images, labels, settings, device)
+    whole = build_dataset({**data_cfg, "classes": None, "limit": None}, 0)
+    every, every_label = real_images(whole, settings.num_real)
+    return feature_space(data_cfg, every.to(device), every_label, settings, device)
 
 
 def feature_space(data_cfg: dict[str, Any], images: Tensor, labels: Tensor, settings: EvalSettings,
@@ -474,9 +481,7 @@ def stacked_metrics(data_cfg: dict[str, Any], dataset: StackedMNIST, settings: E
     """StackedMNIST's metrics. Its digits are recognised by data=mnist's own classifier (the same digits and
     settings: the same cached network); the ``classifier`` space is that network's features of each channel.
     The real stacks are drawn with seed 0, not the run's: every run on this data is compared with the same."""
-    digits, digit_labels = real_images(dataset.digits, settings.num_real)
-    mnist = classifier_features("classifier", data_id({"name": "mnist", "split": data_cfg.get("split", "train")}),
-                                digits.to(device), digit_labels, settings.cache_dir, settings.classifier_steps)
+    mnist = stacked_digits(data_cfg, dataset, settings, device)
     images, labels = real_images(StackedMNIST(dataset.digits, settings.num_real, seed=0), settings.num_real)
     images = images.to(device)
     if settings.features in (None, "classifier"):
@@ -487,6 +492,64 @@ def stacked_metrics(data_cfg: dict[str, Any], dataset: StackedMNIST, settings: E
     metrics.add_real(images, labels)
     metrics.add_real_stacks(StackedMNIST(dataset.digits, settings.num_samples, seed=0))
     return metrics
+
+
+def stacked_digits(data_cfg: dict[str, Any], dataset: StackedMNIST, settings: EvalSettings,
+                   device: torch.device | str) -> FeatureExtractor:
+    """data=mnist's classifier of the digits StackedMNIST stacks (the cached one of that split)."""
+    digits, digit_labels = real_images(dataset.digits, settings.num_real)
+    return classifier_features("classifier", data_id({"name": "mnist", "split": data_cfg.get("split", "train")}),
+                               digits.to(device), digit_labels, settings.cache_dir, settings.classifier_steps)
+
+
+# --- training health -----------------------------------------------------------------------------
+
+class ReferenceSpace(nn.Module):
+    """A space that does not train with D, in which the health check (gan/training/health.py) compares G's samples
+    with real data: a 2D mixture's own points, each classified by its nearest mode; or the image metrics' learned
+    feature network (``classifier``, or ``rotation`` for unlabelled data: Inception costs too much to run at every
+    check), whose class head, where it has one, classifies."""
+
+    def __init__(self, extractor: FeatureExtractor | None = None, means: Tensor | None = None):
+        super().__init__()
+        self.extractor = extractor
+        self.register_buffer("means", means)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The features of samples or real data ``x``, (N, F)."""
+        return x.flatten(1).float() if self.extractor is None else self.extractor.net(x.float())
+
+    @property
+    def classifies(self) -> bool:
+        return self.means is not None or self.extractor.head is not None
+
+    def classify(self, features: Tensor) -> Tensor:
+        """The class of each of ``features`` (from :meth:`forward`), where :attr:`classifies`."""
+        if self.means is not None:
+            return torch.cdist(features, self.means).argmin(dim=1)
+        return self.extractor.head(features).argmax(dim=1)
+
+
+def reference_space(data_cfg: dict[str, Any], dataset: Dataset, settings: EvalSettings,
+                    device: torch.device | str) -> ReferenceSpace:
+    """The health check's :class:`ReferenceSpace` for a run on ``dataset`` (its population); an image space is
+    evaluate.py's, trained once per dataset and cached, so the two share one network."""
+    if is_points(tuple(dataset[0][0].shape)):
+        return ReferenceSpace(means=mixture_means(data_cfg["name"])).to(device)
+    settings = replace(settings, features=None if settings.features == "inception" else settings.features)
+    if isinstance(dataset, StackedMNIST):
+        digits = stacked_digits(data_cfg, dataset, settings, device)
+        return ReferenceSpace(per_channel_features(digits, dataset[0][0].shape[0])).to(device)
+    images, labels = real_images(dataset, settings.num_real)
+    return ReferenceSpace(image_space(data_cfg, images.to(device), labels, settings, device)).to(device)
+
+
+def precision_coverage(reference: Tensor, radii: Tensor, points: Tensor) -> tuple[Tensor, Tensor]:
+    """k-NN precision and coverage (the balls of :func:`knn_precision_recall`: ``radii``, from
+    :func:`knn_radii` of ``reference``) of feature sets ``points`` against ``reference``, on the device: the share
+    of ``points`` inside some reference ball, and the share of reference balls holding some point."""
+    distance = torch.cdist(points.double(), reference.double())
+    return (distance <= radii).any(dim=1).double().mean(), (distance.min(dim=0).values <= radii).double().mean()
 
 
 # --- TensorBoard ---------------------------------------------------------------------------------

@@ -39,6 +39,9 @@ def upgrade(checkpoint: dict[str, Any]) -> None:
             state[new + key[len(old):]] = state.pop(key)
     for key in DROPPED:
         state.pop(key, None)
+    # The health check's state before it lived in buffers (lists by condition name): a resume judges anew from it.
+    if "recent" in checkpoint.get("health", {}):
+        checkpoint["health"] = {}
     hparams = checkpoint.get("hyper_parameters", {})
     cfg = hparams.get("cfg")
     if isinstance(cfg, dict):

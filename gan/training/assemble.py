@@ -142,15 +142,18 @@ def observe(run: state.Training) -> None:
     run.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
                                   lambda path: state.write_checkpoint(run, path), run.zero,
                                   lambda: kill_other_ranks(fabric))
-    run.metrics = (Metrics(cfg.eval.every, EvalSettings.from_config(cfg.eval, cfg.data.name), cfg.seed, run.loggers)
-                   if cfg.eval.every and run.zero else None)
+    settings = EvalSettings.from_config(cfg.eval, cfg.data.name)
+    run.metrics = Metrics(cfg.eval.every, settings, cfg.seed, run.loggers) if cfg.eval.every and run.zero else None
     run.step_timer = (StepTimer(run.timer, cfg.data.batch_size * fabric.world_size, run.loggers)
                       if cfg.timing.enabled else None)
     run.progress = Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and run.zero else None
     run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
-    health, judged_from = cfg.health, round(cfg.health.start * cfg.trainer.max_steps)
-    run.health = (HealthWatch(health.action, HealthJudge(judged_from, health.patience), health.examples, run_dir,
-                              summary_writer(run.loggers)) if health.enabled and run.zero else None)
+    # A figure not yet healthy is judged from a share of the run on, and once a median of patience checks is in.
+    health = cfg.health
+    judged_from = max(round(health.start * cfg.trainer.max_steps), health.patience * health.every)
+    run.health = (HealthWatch(health.action, HealthJudge(judged_from, health.patience), health.examples, settings,
+                              cfg.trainer.max_steps, health.every, run_dir, summary_writer(run.loggers))
+                  if health.enabled and run.zero else None)
 
 
 def describe_networks(module: GANModule) -> str:

@@ -21,8 +21,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from gan.config.eval_settings import EvalSettings
 from gan.core.contexts import evaluating
 from gan.core.health import BY_NAME, CONDITIONS, Event, HealthJudge, loss_ratio, separation, spread
+from gan.evaluation.metrics import ReferenceSpace, knn_radii, precision_coverage, reference_space
 from gan.files import atomic_write
 
 if TYPE_CHECKING:
@@ -33,12 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FILE = "health.json"
+K = 3  # neighbours of the k-NN balls of fit and coverage (evaluate.py's precision and coverage use as many)
 
 
-def fixed_set(dataset: Dataset, count: int, seed: int) -> tuple[Tensor, Tensor]:
+def fixed_set(dataset: Dataset, count: int, seed: int, after: int = 0) -> tuple[Tensor, Tensor]:
     """``count`` examples of ``dataset`` (at most all of them) and their labels, drawn with ``seed`` by a generator of
-    their own."""
-    index = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:count].tolist()
+    their own; ``after``: skip that many of the draw first (a second set, apart from the first)."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
+    index = order[after:after + count].tolist()
     tensors = getattr(dataset, "tensors", None)
     if tensors is not None:
         return tensors[0][index], tensors[1][index]
@@ -49,32 +53,65 @@ def fixed_set(dataset: Dataset, count: int, seed: int) -> tuple[Tensor, Tensor]:
 class HealthWatch:
     """The health of one run, checked by rank 0 for every rank (they hold the same networks) at the steps the loop
     says: ``action`` (``warn`` or ``stop``), the judge of its conditions, how many examples each fixed set holds
-    (``count``), where ``health.json`` goes and TensorBoard's writer (None: no TensorBoard)."""
+    (``count``), the metrics' settings (which name the reference feature space and its cache), how long the run
+    is (``max_steps``) and how often it is checked (``every``), where ``health.json`` goes and TensorBoard's
+    writer (None: no TensorBoard)."""
 
-    def __init__(self, action: str, judge: HealthJudge, count: int, run_dir: Path, writer: Any):
-        self.action, self.judge, self.count = action, judge, count
+    def __init__(self, action: str, judge: HealthJudge, count: int, settings: EvalSettings, max_steps: int,
+                 every: int, run_dir: Path, writer: Any):
+        self.action, self.judge, self.count, self.settings = action, judge, count, settings
+        self.judged = max_steps >= judge.patience * every  # a shorter run is logged, never judged
         self.run_dir, self.writer = Path(run_dir), writer
         self.stopped_by: Event | None = None  # the condition that stops the run (health.action=stop)
         self.trained: tuple[Tensor, Tensor] | None = None
         self.held: tuple[Tensor, Tensor] | None = None
         self.real_spread: float | None = None
         self.samples = 0
+        self.space: ReferenceSpace | None = None
+        self.reference: Tensor | None = None  # real data's features in the reference space, and their k-NN radii
+        self.radii: Tensor | None = None
+        self.floors: dict[str, Tensor] = {}  # what real data apart from the reference scores: fit, coverage, labels
 
     def at_start(self, module: GANModule, data: GANData) -> None:
         """The fixed sets, on the run's device: training images, and images D never trains on (the data's held-out
-        ones, where it has some); the real images' spread, which the samples' is measured against."""
+        ones, where it has some); the real images' spread, which the samples' is measured against; the reference
+        space, two sets of the data's population in it (one to compare with, one for the floor: what real data
+        itself scores)."""
         dataset, held, seed = data.dataset, data.held_out(), data.seed
         device, dtype = module.device, next(module.D.parameters()).dtype  # as D's weights: bf16-true has bf16 ones
         self.trained = on_device(fixed_set(dataset, self.count, seed), device, dtype)
         self.held = on_device(fixed_set(held, self.count, seed), device, dtype) if held is not None else None
         self.samples = min(self.count, len(module.sample_noise))  # of the fixed noise, against as many real images
         self.real_spread = float(spread(self.trained[0][:self.samples]))
+        population = data.population()
+        self.space = reference_space(data.cfg, population, self.settings, module.device)  # trained once per dataset
+        self.reference_sets(module, population, seed)
         if module.objective.loss.chance is None:
             log.info("health: d_wins is not watched: a Wasserstein critic's loss has no value at chance to fall "
                      "from (its gradient penalty is what keeps it from winning)")
         if held is None:
             log.info("health: d_memorises is not watched: every image of this data trains, and it has no other split "
                      "here (data.limit=N keeps the rest aside, and this check compares D on both)")
+        if not self.judged:
+            log.info("health: this run is too short to judge: it makes fewer than health.patience checks (health.every "
+                     "generator steps apart), whose median starts a condition, so its figures are logged and none is "
+                     "judged (a lower health.every judges it)")
+
+    @torch.no_grad()
+    def reference_sets(self, module: GANModule, population: Dataset, seed: int) -> None:
+        """The reference features and their radii, and the floors of fit, coverage and (conditional runs) labels
+        obeyed, from two sets of ``population`` apart: as many images as the fixed noise has, or half of a smaller
+        population each."""
+        size = min(self.count, len(population) // 2)
+        floor_size = min(self.samples, len(population) - size)
+        reference, labels = on_device(fixed_set(population, size, seed), module.device, torch.float32)
+        floor = on_device(fixed_set(population, floor_size, seed, after=size), module.device, torch.float32)[0]
+        self.reference = self.space(reference)
+        self.radii = knn_radii(self.reference.double(), min(K, size - 1))
+        fit, coverage = precision_coverage(self.reference, self.radii, self.space(floor))
+        self.floors = {"fit": fit, "coverage": coverage}
+        if module.condition.kind == "classes" and self.space.classifies:
+            self.floors["labels_obeyed"] = (self.space.classify(self.reference) == labels).double().mean()
 
     @torch.no_grad()
     def figures(self, module: GANModule, result: StepResult) -> dict[str, Tensor]:
@@ -89,6 +126,16 @@ class HealthWatch:
         labels = module.sample_labels[:self.samples] if module.condition.values else None
         samples = module.generate(module.sample_noise[:self.samples], labels)
         figures["health/diversity"] = spread(samples) / self.real_spread
+        features = self.space(samples)
+        fit, coverage = precision_coverage(self.reference, self.radii, features)
+        figures["health/fit"], figures["health/coverage"] = fit / self.floors["fit"], coverage / self.floors["coverage"]
+        if "labels_obeyed" in self.floors:
+            obeyed = (self.space.classify(features) == labels).double().mean()
+            figures["health/labels_obeyed"] = obeyed / self.floors["labels_obeyed"]
+        if module.objective.classify and module.condition.kind == "classes":  # AC-GAN: D's own head says it too
+            with evaluating(module.D):
+                named = module.objective.critic(module.D, samples, labels, augment=False)[1].argmax(dim=1)
+            figures["health/labels_by_d"] = (named == labels).double().mean()
         return figures
 
     @staticmethod
@@ -122,7 +169,8 @@ class HealthWatch:
 
     def summary(self) -> dict[str, Any]:
         """What ``health.json`` holds: each condition met, when it started and ended."""
-        return {"conditions": [vars(e) for e in self.judge.events],
+        return {"conditions": [vars(e) for e in self.judge.events], "judged": self.judged,
+                "judged_from": self.judge.start,
                 "thresholds": {c.name: {"figure": c.figure, "threshold": c.threshold,
                                         "bad": "at or above" if c.above else "at or below"} for c in CONDITIONS},
                 "memorisation_watched": self.held is not None, "stopped_by": self.stopped_by and
