@@ -3,7 +3,7 @@ for health (on, health.action=warn), then evaluate.py scores it; the table says 
 generator step, and the final quality that confirms the failure -- or, for each recipe's own configuration, the
 health.
 
-Usage: python benchmarks/health.py [--out DIR] [--jobs N] [--only NAME ...] [--seeds 0 1 2]
+Usage: python benchmarks/health.py [--out DIR] [--jobs N] [--only NAME ...] [--seeds 0 1 2] [--reuse]
                                    [--write docs/results.md] [--root MNIST_DIR [--split test]]
 
 Each run is its own train.py process with one thread; ``--jobs`` of them run side by side (give each a core).
@@ -287,6 +287,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--root", help="MNIST's directory, for the MNIST recipes")
     parser.add_argument("--split", default="train", help="the MNIST split they train on (default: train)")
+    parser.add_argument("--reuse", action="store_true", help="train nothing: the table of the runs already in --out")
     parser.add_argument("--write", type=Path, help="put the table into this markdown file's block --block")
     parser.add_argument("--block", default="health", help="the block's name (default: health)")
     parser.add_argument("--picture", type=Path, help="draw the healthy digits recipe (seed 0) beside each broken run "
@@ -294,6 +295,8 @@ def main() -> None:
     args = parser.parse_args()
     todo = [r for r in runs(args.seeds, args.root, args.split)
             if not args.only or any(r[0].startswith(o) for o in args.only)]
+    if args.reuse:
+        todo = [r for r in todo if (args.out / slug(r[0], r[3]) / "eval" / "metrics.json").is_file()]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda r: train_and_score(args.out, r[0], r[1], r[3]), todo))
     lines = ["| configuration | seed | should trip | fired (generator step) | verdict | steps | final quality |",
