@@ -58,7 +58,6 @@ class Condition:
         return value >= self.threshold if self.above else value <= self.threshold
 
 
-
 # The conditions and their thresholds (measured: docs/results.md#training-health).
 CONDITIONS = (
     Condition("d_wins", "d_loss_ratio", 0.1, False,
@@ -193,9 +192,8 @@ class HealthJudge(nn.Module):
                 self.met = torch.cat((self.met, self.met.new_tensor([[i, step, shown, -1]])))
                 started.append(self.events[-1])
             elif condition.name in on and complete and not condition.bad(typical):
-                row = [r for r, e in enumerate(self.events) if e.condition == condition.name and e.ended is None][0]
-                self.met[row, 3] = step
-                ended.append(self.events[row])
+                self.met[((self.met[:, 0] == i) & (self.met[:, 3] < 0)).nonzero()[0, 0], 3] = step
+                ended.append(Event(**{**vars(on[condition.name]), "ended": step}))
         return started, ended
 
 def fit_saved_shapes(module: HealthJudge, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
