@@ -18,6 +18,7 @@ from test_data import make_mnist_split
 
 from gan.config.compose import recipe_follows_data
 from gan.core.models import UNCONDITIONAL, g_condition
+from gan.core.torch_private import cpu_has_bf16_units
 from gan.data.datasets import build_dataset, data_shape
 from gan.errors import ConfigError
 from gan.evaluation.app import with_run_classifier_steps
@@ -112,7 +113,10 @@ class TrainingCase:
 
 
 QUIET = ("trainer.enable_progress_bar=false",)
-MNIST_DATA = (f"data.root={MNIST_T10K}", "data.split=test")
+# The MNIST recipes train in bf16; a CPU without bf16 units emulates it, several times slower than float32
+# (gan/training/host.py warns of it), so there their cases train in float32, in the suite's time.
+MNIST_DATA = (f"data.root={MNIST_T10K}", "data.split=test",
+              *(() if cpu_has_bf16_units() else ("trainer.precision=32-true",)))
 # The floors come from benchmarks/suite_margins.py: every case at seeds 0-4 x 1 and 2 threads on the slowest host
 # at hand, an AMD EPYC (docs/results.md, "The suite's training tests", has each figure's range). After 2,000 steps
 # the 2D recipes are still crossing into full coverage (ring 6-8 of 8 modes, grid 17-24 of 25 there): the floors
