@@ -149,7 +149,7 @@ CONFIG_ERRORS = {
     ("ckpt_path=/nonexistent.ckpt",): "error: ckpt_path=/nonexistent.ckpt does not exist: give the path of a .ckpt "
                                       "file, e.g. <run>/checkpoints/last.ckpt",
     ("health.start=1",): "error: health.start=1.0: it must be in [0, 1) (the share of trainer.max_steps from which "
-                         "a health condition whose figure was never healthy is judged)",
+                         "a health condition whose figure stopped improving short of healthy is judged)",
     ("health.every=0",): "error: health.every=0: it must be >= 1 (generator steps between health checks)",
     # A key every run needs, deleted: of train.yaml itself, of a shared base (trainer/default.yaml), of an option.
     ("~seed",): "error: seed is not in the config, and every run of these options needs it: drop the ~seed override, "

@@ -72,17 +72,18 @@ def test_each_condition_starts_on_the_median_of_its_last_checks_and_ends_with_it
         started += [(x.condition, step) for x in s]
         ended += [(x.condition, step) for x in e]
         assert twin.judge(step, healthy_figures()) == ([], [])
-    # Bad since 100, never healthy before, so judged from 300 (health.start) on. The good check at 500 does not end
-    # it; two of the three checks 1000, 1100 good end it at 1100; the lone bad check at 1300 starts nothing.
-    assert started == [(condition.name, 300)]
+    # Bad since 100, never healthy, its first median (300) no better at 400, so judged from there (health.start has
+    # passed); divergence from its first median. The good check at 500 does not end it; two of the three checks
+    # 1000, 1100 good end it at 1100; the lone bad check at 1300 starts nothing.
+    assert started == [(condition.name, 300 if condition.name == "divergence" else 400)]
     assert ended == [(condition.name, 1100)]
     assert twin.events == []
 
 
 @pytest.mark.parametrize("condition", CONDITIONS, ids=lambda c: c.name)
 def test_a_figure_is_judged_once_healthy_or_from_health_start_and_divergence_from_the_first_checks(condition):
-    """A run still learning is not judged before health.start however bad its figure; one whose figure was healthy
-    is, from then on (a relapse); divergence always is: a run can be blown up from its first step."""
+    """A figure stuck bad is not judged before health.start; one healthy and no longer improving is, from then on
+    (a relapse); divergence always is: a run can be blown up from its first step."""
     bad = condition.threshold + (0.5 if condition.above else -0.5 * condition.threshold)
     good = healthy_figures()[condition.figure]
 
@@ -95,6 +96,22 @@ def test_a_figure_is_judged_once_healthy_or_from_health_start_and_divergence_fro
     assert started([bad] * 19) == [(condition.name, first)]  # never healthy: from health.start
     # Healthy at 300 (the first median of three), bad from 700: the median of three is bad at 800.
     assert started([good] * 6 + [bad] * 13) == [(condition.name, 800)]
+
+
+@pytest.mark.parametrize("condition", [c for c in CONDITIONS if c.name != "divergence"], ids=lambda c: c.name)
+def test_a_figure_still_improving_is_not_judged_until_it_stops(condition):
+    """A run still learning past health.start -- its figure bad, but better at every check -- is not judged; once
+    its figure stops improving, bad, it is."""
+    def toward(k: int) -> float:  # bad at every check k, and closer to the threshold at each
+        return condition.threshold * (1 + 0.2 * (1 - k / 15) if condition.above else 0.1 + 0.05 * k)
+
+    judge, started = HealthJudge(start=300, patience=3), []
+    for k, step in enumerate(range(100, 2000, 100), start=1):
+        figures = healthy_figures() | {condition.figure: toward(min(k, 15))}
+        started += [(e.condition, step) for e in judge.judge(step, figures)[0]]
+    # Medians better at every check through 1600 (the last of them the first whole window at toward(15)); at 1700
+    # the median is the same as at 1600.
+    assert started == [(condition.name, 1700)]
 
 
 def test_a_non_finite_figure_starts_divergence_at_once():
@@ -225,16 +242,17 @@ def test_divergence_fires_on_non_finite_updates_and_not_on_the_healthy_twin(tmp_
 
 
 def test_the_stop_action_saves_a_checkpoint_that_resumes_exactly(tmp_path, capsys):
-    # Judged from the first check, a tiny run's first samples are alike (an untrained G's are): collapse.
+    # Judged once a figure stops improving, a tiny run's first samples are off the data (an untrained G's are).
     broken = ["trainer.max_steps=8", "checkpoint.every=1000", *HEALTH_EVERY]
     assert run_train(tmp_path / "straight", *broken) == 0  # warn: trains on to the end
     assert run_train(tmp_path / "stopped", *broken, "health.action=stop") == UNHEALTHY
     error = capsys.readouterr().err.strip().splitlines()
-    stopped_by = json.loads((tmp_path / "stopped" / FILE).read_text())["stopped_by"]
-    assert len(error) == 1 and f"generator step 2: {stopped_by} since step 2" in error[0]
+    said = json.loads((tmp_path / "stopped" / FILE).read_text())
+    at = next(c["started"] for c in said["conditions"] if c["condition"] == said["stopped_by"])
+    assert at < 8 and len(error) == 1 and f"generator step {at}: {said['stopped_by']} since step {at}" in error[0]
     assert "health.action=warn" in error[0]
     last = tmp_path / "stopped" / "checkpoints" / "last.ckpt"
-    assert torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"] == 2
+    assert torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"] == at  # the step it stopped at
     # As the line advises: the same overrides, the checkpoint, health.action=warn.
     assert run_train(tmp_path / "stopped", *broken, f"ckpt_path={last}", "health.action=warn") == 0
     straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)

@@ -259,7 +259,7 @@ class Health:
                       "(the run stops, with its checkpoint)", before="warn")
     every: int = key(least=1, meaning="generator steps between health checks", before=100)
     start: float = key(least=0, below=1, meaning="the share of trainer.max_steps from which a health condition whose "
-                       "figure was never healthy is judged", before=0.0)
+                       "figure stopped improving short of healthy is judged", before=0.0)
     patience: int = key(least=1, meaning="health checks whose median figure starts or ends a condition", before=1)
     examples: int = key(least=2, meaning="images in each fixed set of the health check", before=2)
 

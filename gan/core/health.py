@@ -2,9 +2,10 @@
 
 The figures are made on the device, from what a step already has (D's outputs on its real and fake batch) and
 from two small fixed sets a run picks at its start (training images and images D never trains on; the fixed
-noise batch's samples against real ones); the loop reads them with a logging step's other scalars, in one
-transfer. :class:`HealthJudge` turns the numbers read into conditions on the host: each starts when its figure's
-median over the last ``patience`` health checks is past its threshold, and ends when that median is back.
+noise batch's samples against real ones, in a feature space that does not train with D); the loop reads them
+with a logging step's other scalars, in one transfer. :class:`HealthJudge` turns the numbers read into conditions
+on the host: each starts when its figure's median over the last ``patience`` health checks is past its threshold,
+and ends when that median is back.
 
 Each figure is a share or a rank, free of the data's scale and the network's, so one threshold serves every
 dataset: D's loss is measured against its own value at chance (the loss's, so a WGAN critic, whose loss has no such
@@ -57,6 +58,9 @@ class Condition:
     def bad(self, value: float) -> bool:
         return value >= self.threshold if self.above else value <= self.threshold
 
+    def better(self, value: float, than: float) -> bool:
+        return value < than if self.above else value > than
+
 
 # The conditions and their thresholds (measured: docs/results.md#training-health).
 CONDITIONS = (
@@ -106,10 +110,11 @@ class HealthJudge(nn.Module):
 
     When to judge: every run starts out looking ill (G's first samples are alike and off the data; D tells them
     from real ones at once) and gets better while it learns, slowly or fast, and a run still learning looks like
-    one that never will. So a condition is judged from the first check at which its figure is healthy (the run's
-    first phase is over for it, and a relapse from there is a failure), and, for a figure not healthy yet, from
-    generator step ``start`` on (gan/training/assemble.py: a share of the run, and at least ``patience``
-    checks). Divergence is judged from the first check: a blow-up is never a first step's look.
+    one that never will. So a condition is judged from the figure's own trend: from the first check at which its
+    median is no better than the best median it had (it stopped improving), if that median is healthy (the run's
+    first phase is over for it, and a relapse from there is a failure) or generator step ``start`` is reached (a
+    share of the run: a figure stuck unhealthy by then is failing). A figure still improving is not judged: its
+    run is still learning. Divergence is judged from the first check: a blow-up is never a first step's look.
 
     Its state lives in registered buffers, like the run's other running statistics: the checkpoint holds them, and
     a resume picks the judging up where it stopped."""
@@ -121,6 +126,7 @@ class HealthJudge(nn.Module):
         # Each condition's last ``patience`` figures, newest last (nan: no check yet).
         self.register_buffer("history", torch.full((len(CONDITIONS), patience), nan, dtype=torch.float64))
         self.register_buffer("judging", torch.zeros(len(CONDITIONS), dtype=torch.bool))  # judged from now on
+        self.register_buffer("best", torch.full((len(CONDITIONS),), nan, dtype=torch.float64))  # each best median
         # Of each watched scale, as log10: its last ``patience`` checks, and the lowest median of as many since start.
         self.register_buffer("sizes", torch.full((len(WATCHED_SCALES), patience), nan, dtype=torch.float64))
         self.register_buffer("lowest", torch.full((len(WATCHED_SCALES),), math.inf, dtype=torch.float64))
@@ -181,10 +187,14 @@ class HealthJudge(nn.Module):
             self.history[i] = push(self.history[i], value)
             recent = self.history[i].tolist()
             typical, complete = median(recent), not math.isnan(recent[0])
-            # Judged once healthy (a relapse from there is a failure), from ``start`` (a figure never healthy yet may
-            # still be learning before it), and from the first check for divergence (never a first step's look).
-            self.judging[i] |= complete and not condition.bad(typical) or step >= self.start or condition.name == (
-                "divergence")
+            if complete:
+                best = float(self.best[i])
+                improving = math.isnan(best) or condition.better(typical, best)
+                if improving:
+                    self.best[i] = typical
+                # Judged once it stops improving, healthy (a relapse from there is a failure) or from ``start`` on.
+                self.judging[i] |= not improving and (not condition.bad(typical) or step >= self.start)
+            self.judging[i] |= condition.name == "divergence"  # from the first check: never a first step's look
             if not self.judging[i] and math.isfinite(value):  # a non-finite update is never a first step's look
                 continue
             if condition.name not in on and (not math.isfinite(value) or complete and condition.bad(typical)):
@@ -196,11 +206,18 @@ class HealthJudge(nn.Module):
                 ended.append(Event(**{**vars(on[condition.name]), "ended": step}))
         return started, ended
 
+
+def judging_start(share: float, max_steps: int) -> int:
+    """The generator step from which a figure that stopped improving unhealthy is judged: ``share`` of the run."""
+    return round(share * max_steps)
+
+
 def fit_saved_shapes(module: HealthJudge, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
     """Take a saved judge's state as it is where its shapes differ from this one's: the conditions met so far
     (their count grows), and the windows of a run that ``health.patience`` changed for on resume (each keeps its
-    newest checks, nan before them)."""
+    newest checks, nan before them). A judge saved before it kept each figure's best median starts that anew."""
     module.met = torch.empty_like(state_dict[prefix + "met"])
+    state_dict.setdefault(prefix + "best", module.best.clone())
     for name in ("history", "sizes"):
         saved, width = state_dict[prefix + name], getattr(module, name).shape[1]
         padding = saved.new_full((len(saved), max(0, width - saved.shape[1])), math.nan)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from gan.config.eval_settings import EvalSettings
-from gan.core.health import HealthJudge
+from gan.core.health import HealthJudge, judging_start
 from gan.core.models import g_condition
 from gan.core.phases import PhaseTimer, StepPhases
 from gan.data.datasets import build_dataset, data_shape, is_points, mixture_means, num_classes
@@ -148,10 +148,9 @@ def observe(run: state.Training) -> None:
                       if cfg.timing.enabled else None)
     run.progress = Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and run.zero else None
     run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
-    # A figure not yet healthy is judged from a share of the run on, and once a median of patience checks is in.
     health = cfg.health
-    judged_from = max(round(health.start * cfg.trainer.max_steps), health.patience * health.every)
-    run.health = (HealthWatch(health.action, HealthJudge(judged_from, health.patience), health.examples, settings,
+    judge = HealthJudge(judging_start(health.start, cfg.trainer.max_steps), health.patience)
+    run.health = (HealthWatch(health.action, judge, health.examples, settings,
                               cfg.trainer.max_steps, health.every, run_dir, summary_writer(run.loggers))
                   if health.enabled and run.zero else None)
 

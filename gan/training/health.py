@@ -60,7 +60,8 @@ class HealthWatch:
     def __init__(self, action: str, judge: HealthJudge, count: int, settings: EvalSettings, max_steps: int,
                  every: int, run_dir: Path, writer: Any):
         self.action, self.judge, self.count, self.settings = action, judge, count, settings
-        self.judged = max_steps >= judge.patience * every  # a shorter run is logged, never judged
+        # A median of patience checks, no better than the one before: the first check that judges is the next one.
+        self.judged = max_steps >= (judge.patience + 1) * every  # a shorter run is logged, judged for divergence alone
         self.run_dir, self.writer = Path(run_dir), writer
         self.stopped_by: Event | None = None  # the condition that stops the run (health.action=stop)
         self.trained: tuple[Tensor, Tensor] | None = None
@@ -93,9 +94,10 @@ class HealthWatch:
             log.info("health: d_memorises is not watched: every image of this data trains, and it has no other split "
                      "here (data.limit=N keeps the rest aside, and this check compares D on both)")
         if not self.judged:
-            log.info("health: this run is too short to judge: it makes fewer than health.patience checks (health.every "
-                     "generator steps apart), whose median starts a condition, so its figures are logged and none is "
-                     "judged (a lower health.every judges it)")
+            log.info("health: this run is too short to judge: it makes fewer than health.patience + 1 checks "
+                     "(health.every generator steps apart), and a condition is judged once the median of "
+                     "health.patience checks stops improving, so its figures are logged and judged for divergence "
+                     "alone (a lower health.every judges it)")
 
     @torch.no_grad()
     def reference_sets(self, module: GANModule, population: Dataset, seed: int) -> None:
