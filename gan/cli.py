@@ -10,32 +10,12 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import hydra
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.errors import HydraException
 from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
-from gan.config.schema import RENAMED, moved
-from gan.errors import UNHEALTHY, ConfigError, Interrupted, RunError, StoppedAtOnce, Unhealthy, unknown_key
-
-
-def hydra_message(e: Exception) -> str:
-    """One line for an error Hydra raises while composing the config."""
-    if isinstance(e, MissingConfigException) and e.options:  # data=foo: not a file in configs/data/
-        group, _, name = e.missing_cfg_file.rpartition("/")
-        return f"{group}={name} is not an option: use {group}={'|'.join(e.options)}"
-    cause = e.__cause__
-    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.parent_node is not None:
-        if str(cause.full_key) in RENAMED:  # train.batch_size=32: a key's old name
-            return moved(str(cause.full_key), overridden_value(e, str(cause.full_key)))
-        return unknown_key(str(cause.full_key), cause.parent_node)  # trainer.max_stepz=3
-    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-    return f"{e.override}: {text}" if isinstance(e, OverrideParseException) else text
-
-
-def overridden_value(e: Exception, key: str) -> str:
-    """The value Hydra could not set ``key`` to, as the override gave it: Hydra's message ends with the override
-    ("To append to your config use +train.batch_size=32"), and holds it nowhere else."""
-    return str(e).partition(f"+{key}=")[2].strip()
+from gan.config.compose import hydra_message
+from gan.errors import UNHEALTHY, ConfigError, Interrupted, RunError, StoppedAtOnce, Unhealthy
 
 
 def one_line(e: BaseException) -> str:

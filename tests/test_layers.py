@@ -51,7 +51,7 @@ def in_layer(name: str, layer: str) -> bool:
 # layer -> what it may not load (frameworks by top-level name, project layers by prefix)
 FORBIDDEN = {
     "gan.config": ("torch", "lightning", "pytorch_lightning", "gan.core", "gan.data", "gan.run", "gan.evaluation",
-                   "gan.training", "gan.patterns", "gan.api"),
+                   "gan.training", "gan.patterns", "gan.cli", "gan.api"),
     "gan.core": FRAMEWORKS + ("gan.data", "gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),
     "gan.data": ("gan.run", "gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),
     "gan.run": ("gan.evaluation", "gan.training", "gan.patterns", "gan.cli", "gan.api"),
