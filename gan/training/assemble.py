@@ -7,12 +7,14 @@ scaler only under float16, the autocast context only under mixed precision."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from gan.config.eval_settings import EvalSettings
@@ -27,13 +29,14 @@ from gan.run.checkpoint import check_fits
 from gan.run.module import GANModule
 from gan.training import state
 from gan.training.autograd_audit import AutogradAudit
+from gan.training.checkpoints import Checkpoints
 from gan.training.checks import SEPARATE_DDP, Start
 from gan.training.fabric_adapter import autocast, every_rank, kill_other_ranks, loss_scaler, placed, wrapped
 from gan.training.guard import NonFiniteGuard
 from gan.training.health import HealthWatch
 from gan.training.host import prepare_host, slow_bf16_warning
 from gan.training.loggers import build_loggers, summary_writer
-from gan.training.outputs import Checkpoints, Metrics, Progress, Samples
+from gan.training.outputs import Metrics, Progress, Samples
 from gan.training.profiling import build_profiler
 from gan.training.timing import StepTimer
 
@@ -63,18 +66,18 @@ def assemble(start: Start) -> state.Training:
         check_fits(module, start.checkpoint, cfg.ckpt_path)
     data = GANData(container["data"], dataset, container["loss"]["d_steps"], cfg.seed)
     # The batches from the run's generator step on (a resume's: its checkpoint's, which fits): their order is a
-    # function of the seed and the step alone. Drawn from once the run is built (any worker processes start then).
+    # function of the seed and the step alone, drawn with a generator of their own.
     first = int(start.checkpoint["state_dict"]["counters.g_updates"]) if start.checkpoint is not None else 0
     loader = data.loader(first, fabric.global_rank, fabric.world_size, fabric.device)
-    run = state.Training(cfg, container, fabric, data, module)
-    if run.zero:
+    if fabric.is_global_zero:
         for line in lines:
             log.info(line)
-    place(run)
-    observe(run)
+    placed = place(fabric, cfg, container, module)
+    # ``run`` is bound below: a checkpoint is written only once the steps run.
+    watching = observe(fabric, cfg, data, placed, lambda path: state.write_checkpoint(run, path))
+    run = state.Training(cfg=cfg, container=container, fabric=fabric, data=data, loader=loader, **placed, **watching)
     if start.checkpoint is not None:  # a resume: the state the checkpoint holds, put back into what was built
         state.resume(run, start.checkpoint, start.changes)
-    run.batches = iter(loader)
     state.separate_rank_streams(fabric.global_rank)  # last: each rank's own random streams
     return run
 
@@ -90,45 +93,48 @@ def build_fabric(trainer: dict[str, Any], loggers: list[Any]) -> Fabric:
                   strategy=strategy, precision=trainer["precision"], loggers=loggers)
 
 
-def place(run: state.Training) -> None:
-    """The networks on their device in their precision, their optimizers, and G and D as the step runs them."""
-    fabric, cfg = run.fabric, run.cfg
-    if run.zero:
-        log.info(f"networks:\n{describe_networks(run.module)}")
+def place(fabric: Fabric, cfg: DictConfig, container: dict[str, Any], module: GANModule) -> dict[str, Any]:
+    """The networks on their device in their precision, their optimizers, and G and D as the step runs them: the
+    :class:`~gan.training.state.Training` fields of those names."""
+    if fabric.is_global_zero:
+        log.info(f"networks:\n{describe_networks(module)}")
         if warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision)):
             log.warning(warning)
-    module = run.module
     if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
-    run.module = module = placed(fabric, module)
-    run.optimizers, run.schedules = build_optimizers(module, run.container["optim"], cfg.trainer.max_steps)
-    run.scaler = loss_scaler(fabric)
-    # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
-    run.step_optimizers = fabric.setup_optimizers(*run.optimizers) if run.scaler is not None else tuple(run.optimizers)
-    run.autocast = autocast(fabric)
-    # trainer=ddp: one DistributedDataParallel each for G and D (see configs/trainer/ddp.yaml for why).
-    run.G, run.D = wrapped(fabric, module.G), wrapped(fabric, module.D)
+    module = placed(fabric, module)
+    optimizers, schedules = build_optimizers(module, container["optim"], cfg.trainer.max_steps)
+    scaler = loss_scaler(fabric)
+    return {"module": module, "optimizers": optimizers, "schedules": schedules, "scaler": scaler,
+            # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
+            "step_optimizers": fabric.setup_optimizers(*optimizers) if scaler is not None else tuple(optimizers),
+            "autocast": autocast(fabric),
+            # trainer=ddp: one DistributedDataParallel each for G and D (see configs/trainer/ddp.yaml for why).
+            "G": wrapped(fabric, module.G), "D": wrapped(fabric, module.D)}
 
 
-def observe(run: state.Training) -> None:
-    """What watches the step, each attached once: the phase record (which the timer, the guard, the audit and
-    the pictures read), the non-finite guard and the audit (on the optimizers' steps), and the run's outputs."""
-    fabric, cfg, module, run_dir = run.fabric, run.cfg, run.module, run.run_dir
-    run.timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
-    run.phases = phases = StepPhases(run.timer)
+def observe(fabric: Fabric, cfg: DictConfig, data: GANData, placed: dict[str, Any],
+            write: Callable[[Path], None]) -> dict[str, Any]:
+    """What watches the step, each attached once: the phase record (which the timer, the guard, the audit and the
+    pictures read), the non-finite guard and the audit (on the optimizers' steps), and the run's outputs
+    (checkpoints written by ``write``): the :class:`~gan.training.state.Training` fields of those names."""
+    module, optimizers, scaler = placed["module"], placed["optimizers"], placed["scaler"]
+    run_dir, zero, d_steps = Path(cfg.paths.run_dir), fabric.is_global_zero, cfg.loss.d_steps
+    loggers = fabric.loggers if zero else []
+    timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
+    phases = StepPhases(timer)
     phases.profiled = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
-    run.guard = guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, run.d_steps, run.scaler,
-                                       lambda ok: every_rank(fabric, ok, all=True))
-    for optimizer in run.optimizers:  # before the audit's hooks: the audit sees the guard's verdict
+    guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, d_steps, scaler,
+                           lambda ok: every_rank(fabric, ok, all=True))
+    for optimizer in optimizers:  # before the audit's hooks: the audit sees the guard's verdict
         optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
-    run.audit = AutogradAudit(module, *run.optimizers, phases, run.d_steps, run.scaler) if cfg.audit else None
+    audit = AutogradAudit(module, *optimizers, phases, d_steps, scaler) if cfg.audit else None
     points = is_points(module.data_shape)
-    run.samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(run.loggers), run.zero,
-                          real_points_for_plot(run.data.dataset) if points else None,
-                          mixture_means(cfg.data.name) if points else None)
+    samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(loggers), zero,
+                      real_points_for_plot(data.dataset) if points else None,
+                      mixture_means(cfg.data.name) if points else None)
     # What sees each backward: the guard (the loss it judges), the audit, the pictures of the autograd graph.
-    watchers = [w for w in (guard, run.audit, run.samples) if w is not None]
-    scaler = run.scaler
+    watchers = [w for w in (guard, audit, samples) if w is not None]
 
     def backward(loss: Tensor) -> None:  # made once: the step calls it twice per generator step and more
         for watcher in watchers:
@@ -138,21 +144,21 @@ def observe(run: state.Training) -> None:
         else:
             loss.backward()
 
-    run.backward = backward
-    run.checkpoints = Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep,
-                                  lambda path: state.write_checkpoint(run, path), run.zero,
-                                  lambda: kill_other_ranks(fabric))
     settings = EvalSettings.from_config(cfg.eval, cfg.data.name)
-    run.metrics = Metrics(cfg.eval.every, settings, cfg.seed, run.loggers) if cfg.eval.every and run.zero else None
-    run.step_timer = (StepTimer(run.timer, cfg.data.batch_size * fabric.world_size, run.loggers)
-                      if cfg.timing.enabled else None)
-    run.progress = Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and run.zero else None
-    run.profiler = build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank)
     health = cfg.health
     judge = HealthJudge(judging_start(health.start, cfg.trainer.max_steps), health.patience)
-    run.health = (HealthWatch(health.action, judge, health.examples, settings,
-                              cfg.trainer.max_steps, health.every, run_dir, summary_writer(run.loggers))
-                  if health.enabled and run.zero else None)
+    return {
+        "timer": timer, "phases": phases, "guard": guard, "audit": audit, "backward": backward, "samples": samples,
+        "checkpoints": Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, write, zero,
+                                   lambda: kill_other_ranks(fabric)),
+        "metrics": Metrics(cfg.eval.every, settings, cfg.seed, loggers) if cfg.eval.every and zero else None,
+        "step_timer": (StepTimer(timer, cfg.data.batch_size * fabric.world_size, loggers)
+                       if cfg.timing.enabled else None),
+        "progress": Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and zero else None,
+        "profiler": build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank),
+        "health": (HealthWatch(health.action, judge, health.examples, settings, cfg.trainer.max_steps, health.every,
+                               run_dir, summary_writer(loggers)) if health.enabled and zero else None),
+    }
 
 
 def describe_networks(module: GANModule) -> str:

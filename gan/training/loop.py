@@ -1,7 +1,7 @@
 """The training loop. :func:`train` reads as a run goes -- its checks (gan/training/checks.py), its parts assembled
-(gan/training/assemble.py), the generator steps (:func:`run_steps`, here), the end (gan/training/outputs.py) -- and
+(gan/training/assemble.py), the generator steps (:func:`run_steps`, here), the end (gan/training/run_end.py) -- and
 each step reads the same way: its batch, the step itself (gan/core/step.py), the running statistics that follow it
-(gan/run/module.py), and what is due after it (gan/training/outputs.py). Lightning Fabric launches the processes
+(gan/run/module.py), and what is due after it (gan/training/after_step.py). Lightning Fabric launches the processes
 (``trainer=ddp``), places the networks and chooses the precision; the loop is written out here, step by step."""
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from torch import Tensor, nn
 from gan.core import step
 from gan.errors import ConfigError, RunError
 from gan.run.hold import TRAIN_FIX, holding
+from gan.training.after_step import after_step, agree_to_stop
 from gan.training.assemble import assemble
-from gan.training.checks import check_writable, checked
+from gan.training.checks import Start, check_before_writing, check_writable
 from gan.training.fabric_adapter import kill_other_ranks
 from gan.training.host import launched_by
-from gan.training.outputs import after_step, agree_to_stop, at_end, close, finish
+from gan.training.run_end import at_end, close, finish
 from gan.training.state import Training
 
 
@@ -35,18 +36,17 @@ class Probe:
     def on_end(self, run: Training) -> None: ...
 
 
-def train(cfg: DictConfig, probes: Sequence[Probe] = ()) -> Training:
+def train(cfg: DictConfig, probes: Sequence[Probe] = (), start: Start | None = None) -> Training:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the run: its ``module``, and
-    the last logged losses and metrics in ``last_losses`` and ``last_metrics``. The run directory is held while it
-    trains: another process that would write there is refused (gan/run/hold.py)."""
+    the last logged losses and metrics in ``last_losses`` and ``last_metrics``. ``start``: the checks of ``cfg``
+    made before anything was written (gan/training/checks.py), or None to make them now. The run directory is held
+    while it trains: another process that would write there is refused (gan/run/hold.py)."""
     run_dir = Path(cfg.paths.run_dir)
     check_writable(run_dir)
     threads = torch.get_num_threads()
     try:
         with holding(run_dir, "training", TRAIN_FIX):  # train.py: takes over the hold its Hydra callback took
-            # train.py, gan.train: the checks they made before anything was written, taken over
-            start = checked(cfg, run_dir)
-            run = assemble(start)
+            run = assemble(start if start is not None else check_before_writing(cfg, run_dir))
             run_steps(run, probes)
             return finish(run)
     finally:
@@ -80,7 +80,8 @@ def returned_metric(run: Training, name: str) -> float:
 def run_steps(run: Training, probes: Sequence[Probe]) -> None:
     """Generator steps from the module's counter to ``trainer.max_steps``, each followed by what is due after it,
     until the last or a signal; the outputs at the end."""
-    fabric, module, phases, cfg, batches = run.fabric, run.module, run.phases, run.cfg, run.batches
+    fabric, module, phases, cfg = run.fabric, run.module, run.phases, run.cfg
+    batches = iter(run.loader)  # data workers, where the run has them, start here
     to_device = (lambda batch: batch) if run.data.in_memory else fabric.to_device  # in-memory data is there already
     # Under DDP every rank must stop at the same step: agreed once per logging window, the one place a
     # step reads from the device anyway; on one process the request is read at every step, for nothing.

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -28,31 +33,77 @@ if TYPE_CHECKING:
     from lightning.fabric import Fabric
     from omegaconf import DictConfig
 
+    from gan.core.phases import PhaseTimer, StepPhases
     from gan.data.loader import GANData
+    from gan.training.autograd_audit import AutogradAudit
+    from gan.training.checkpoints import Checkpoints
+    from gan.training.guard import NonFiniteGuard
+    from gan.training.health import HealthWatch
+    from gan.training.outputs import Metrics, Progress, Samples
+    from gan.training.timing import StepTimer
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class Training:
-    """One run as the loop holds it, built by gan/training/assemble.py: its config (``cfg``, and ``container``: the same
-    as plain values), Fabric, the data, ``module`` (the networks and their state, as saved), the optimizers and
-    schedules, ``G`` and ``D`` as the step runs them (their DDP wrappers under trainer=ddp, else the networks
-    themselves), the step's record of its phases and the timer reading it, the run's outputs, and what it logged
-    last (``last_losses``: loss/d and loss/g; ``last_metrics``: the last evaluation's metrics/*)."""
+    """One run as the loop holds it: every part declared here, built once by gan/training/assemble.py."""
 
-    def __init__(self, cfg: DictConfig, container: dict[str, Any], fabric: Fabric, data: GANData, module: GANModule):
-        self.cfg, self.container = cfg, container
-        self.run_dir = Path(cfg.paths.run_dir)
-        self.fabric, self.data, self.module = fabric, data, module
-        self.zero = fabric.is_global_zero  # rank 0 logs, samples, measures and writes for every rank
-        self.loggers = fabric.loggers if self.zero else []
-        # What the step reads each time, as plain values: a config read costs microseconds.
-        self.d_steps, self.batch_size = cfg.loss.d_steps, cfg.data.batch_size
-        # Generator steps between health checks (0: none); every rank's, though rank 0 alone checks.
-        self.health_every = cfg.health.every if cfg.health.enabled else 0
-        self.health_stopped = False  # the ranks agreed to stop for rank 0's health check
-        self.last_losses: dict[str, float] = {}
-        self.last_metrics: dict[str, float] = {}
+    cfg: DictConfig
+    container: dict[str, Any]  # the same config, as plain values
+    fabric: Fabric
+    data: GANData
+    loader: Iterable[tuple[Tensor, Tensor]]  # the batches from the run's generator step on (the loop draws them)
+    module: GANModule  # the networks and their running statistics, placed: what a checkpoint saves
+    optimizers: list[Optimizer]  # G's and D's
+    schedules: list[LambdaLR]  # one per optimizer under optim.decay, else none
+    scaler: Any  # float16's loss scaler (None otherwise): the optimizers step through it
+    step_optimizers: tuple[Any, ...]  # what the step steps: the optimizers, through the scaler under float16
+    autocast: Callable[[], AbstractContextManager[Any]]  # the precision's context (none outside mixed precision)
+    G: nn.Module  # G and D as the step runs them: their DDP wrappers under trainer=ddp, else the networks
+    D: nn.Module
+    timer: PhaseTimer  # the step's phases, timed (timing.enabled) ...
+    phases: StepPhases  # ... and recorded, for the timer, the guard, the audit and the pictures
+    guard: NonFiniteGuard
+    audit: AutogradAudit | None  # audit=true
+    backward: Callable[[Tensor], None]  # what the step calls for each loss: its watchers, then the backward
+    samples: Samples
+    checkpoints: Checkpoints
+    metrics: Metrics | None  # eval.every, rank 0
+    step_timer: StepTimer | None  # timing.enabled
+    progress: Progress | None  # the progress bar, rank 0
+    profiler: Any
+    health: HealthWatch | None  # health.enabled, rank 0
+    # What the run logged last: loss/d and loss/g, and the last evaluation's metrics/*.
+    last_losses: dict[str, float] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    health_stopped: bool = False  # the ranks agreed to stop for rank 0's health check
+
+    # What the step reads each time, as plain values read once: a config read costs microseconds.
+    @cached_property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.paths.run_dir)
+
+    @cached_property
+    def zero(self) -> bool:
+        return self.fabric.is_global_zero  # rank 0 logs, samples, measures and writes for every rank
+
+    @cached_property
+    def loggers(self) -> list[Any]:
+        return self.fabric.loggers if self.zero else []
+
+    @cached_property
+    def d_steps(self) -> int:
+        return self.cfg.loss.d_steps
+
+    @cached_property
+    def batch_size(self) -> int:
+        return self.cfg.data.batch_size
+
+    @cached_property
+    def health_every(self) -> int:
+        """Generator steps between health checks (0: none); every rank's, though rank 0 alone checks."""
+        return self.cfg.health.every if self.cfg.health.enabled else 0
 
     def health_due(self, step: int) -> bool:
         """Whether generator step ``step`` is a health check's (a logging step, on every rank)."""
