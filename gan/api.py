@@ -57,12 +57,12 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> Run:
     # overrides.
     check_writable(run)
     with holding(run, "training", "wait until it ends, or train into another run_dir"):
-        check_before_writing(cfg, run)
+        start = check_before_writing(cfg, run)
         (run / ".hydra").mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
         OmegaConf.save(OmegaConf.create(list(overrides)), run / ".hydra" / "overrides.yaml")
         with log_file(run / "train.log"):
-            trained = fit(cfg)
+            trained = fit(cfg, start=start)
     return Run(run, {**trained.last_losses, **trained.last_metrics})
 
 

@@ -306,9 +306,10 @@ def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_each_check
                                                                                            tmp_path, monkeypatch,
                                                                                            resuming):
     """train.py checks init_from, the frozen blocks and the subset on the data and networks it builds before anything
-    is written; the loop trains those (their bit-identity with a build of their own: tools/training_fingerprints.py's
-    finetune case). A resume of such a run puts its checkpoint's state into those same networks, and never reads
-    init_from's run (its checkpoint holds the weights)."""
+    is written, and keeps nothing; the loop's checks build them again as the run starts, and it trains those (their
+    bit-identity with a build of the loop's own: tools/training_fingerprints.py's finetune case). A resume of such a
+    run puts its checkpoint's state into those same networks, and never reads init_from's run (its checkpoint holds
+    the weights)."""
     built = {"data": 0, "networks": 0}
 
     def counting(original, kind):
@@ -327,5 +328,5 @@ def test_a_finetuning_run_builds_its_data_and_networks_once_and_reads_each_check
     loaded = FilesLoaded(monkeypatch)
     resume = [f"ckpt_path={middle}"] if resuming else []
     assert run_train(tmp_path / "run", f"init_from={digits_run}", *FINETUNE, *resume) == 0
-    assert built == {"data": 1, "networks": 1}
-    assert (loaded.count(source), loaded.count(middle)) == ((0, 1) if resuming else (1, 0))
+    assert built == {"data": 2, "networks": 2}  # by the callback's checks, then by the loop's
+    assert (loaded.count(source), loaded.count(middle)) == ((0, 2) if resuming else (2, 0))

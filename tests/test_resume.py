@@ -22,8 +22,8 @@ from gan.errors import ConfigError
 from gan.run.checkpoint import save_checkpoint
 from gan.run.legacy import upgrade_config
 from gan.run.load import load_module
+from gan.training.checkpoints import Checkpoints
 from gan.training.loop import Probe, train
-from gan.training.outputs import Checkpoints
 from gan.training.resume import changes
 
 # Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on; a constant learning rate,
@@ -74,9 +74,9 @@ def test_n_plus_resume_plus_n_equals_2n(tmp_path, monkeypatch):
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
     loaded = FilesLoaded(monkeypatch)
     assert run_train(tmp_path / "second", *FULL, "trainer.max_steps=6", f"ckpt_path={last}") == 0
-    # train.py's Hydra callback reads the checkpoint to check the resume before .hydra/ is written; the loop takes
-    # its checks over rather than reading the file again.
-    assert loaded.count(last) == 1
+    # train.py's Hydra callback reads the checkpoint to check the resume before .hydra/ is written, and keeps
+    # nothing; the loop's checks, as the run starts, read it for the run.
+    assert loaded.count(last) == 2
     straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
     resumed = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", weights_only=True)
     # The run really exercised what it claims to: p moved, EMA and LeCam anchors are live.
@@ -433,8 +433,8 @@ def test_the_loop_called_directly_refuses_a_resume_with_train_pys_line(digits_ru
 
 @pytest.mark.parametrize("caller", ["gan.train", "the loop"])
 def test_a_resume_reads_its_checkpoint_once(digits_run, tmp_path, monkeypatch, caller):
-    """gan.train checks the resume before it writes the run's .hydra/, as train.py's callback does, and the loop takes
-    those checks over; the loop called directly makes them itself. Either way the file is read once."""
+    """gan.train checks the resume before it writes the run's .hydra/, as train.py's callback does, and hands the
+    loop what the checks read; the loop called directly makes them itself. Either way the file is read once."""
     import gan
 
     last = digits_run / "checkpoints" / "last.ckpt"

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
 from gan.cli import reported
@@ -129,8 +129,8 @@ def check_run_dir_key(given: str) -> None:
 class CheckBeforeWriting(Callback):
     """A Hydra callback (configs/train.yaml): train.py's checks of its config and run directory, made
     before Hydra writes ``<run>/.hydra/`` -- which, for a run refused because its directory holds
-    another run, would overwrite that run's. The loop validates the config again and checks the run directory,
-    for callers that call it directly (gan/training/loop.py's ``train``)."""
+    another run, would overwrite that run's. What they read is not kept: the loop makes the same checks as the run
+    starts, and uses what they read (gan/training/loop.py's ``train``)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = Path(config.hydra.run.dir)
@@ -169,18 +169,11 @@ class Start:
     fine_tuned: FineTuned | None = None
 
 
-# Each run's checks, made before anything was written (by train.py's Hydra callback, gan.train), for the loop in this
-# process to take over rather than make again: the run directory -> the config as checked (plain values, but
-# paths.run_dir, which Hydra sets only for the task) and its Start.
-CHECKED: dict[Path, tuple[dict[str, Any], Start]] = {}
-
-
 def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
     """Every check of a training run that can be made before its directory is written, for train.py (Hydra's
-    callback) and gan.train alike: the config's values, the run directory, the data subset and fine-tuning
-    start, and what a resume changes (a refused resume into its own run leaves that run's .hydra/ as it was).
-    Returns the run's :class:`Start`, which the loop takes over (:func:`checked`)."""
-    given = without_paths(cfg)
+    callback, and the loop as the run starts) and gan.train alike: the config's values, the run directory, the data
+    subset and fine-tuning start, and what a resume changes (a refused resume into its own run leaves that run's
+    .hydra/ as it was). Returns the run's :class:`Start`: what the checks read, for the run to use."""
     check_run_dir(run_dir, cfg.get("ckpt_path"))
     check_writable(run_dir)
     cfg = validate(cfg)
@@ -193,29 +186,7 @@ def check_before_writing(cfg: DictConfig, run_dir: Path) -> Start:
         start.changes = changes_from(start.checkpoint, composed)
         check_changes(start.changes, cfg)
         check_steps_left(start.checkpoint, cfg)
-    CHECKED[run_dir.expanduser().resolve()] = (given, start)
     return start
-
-
-def checked(cfg: DictConfig, run_dir: Path) -> Start:
-    """The checks of the run ``cfg`` describes in ``run_dir``: taken over from :func:`check_before_writing` where it
-    checked this same config there, else made now."""
-    key = run_dir.expanduser().resolve()
-    given, start = CHECKED.pop(key, (None, None))
-    if start is None or given != without_paths(cfg):
-        start = check_before_writing(cfg, run_dir)
-        CHECKED.pop(key)
-    with open_dict(start.cfg):
-        start.cfg.paths.run_dir = str(cfg.paths.run_dir)  # as the task resolves it (Hydra's output directory)
-    return start
-
-
-def without_paths(cfg: DictConfig) -> dict[str, Any]:
-    """``cfg`` as plain values, unresolved, without ``paths`` (where the run is, which Hydra sets for the task)."""
-    plain = OmegaConf.to_container(cfg, resolve=False)
-    plain.pop("paths", None)
-    plain.pop("hydra", None)
-    return plain
 
 
 def check_finetune(start: Start) -> None:
