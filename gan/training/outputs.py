@@ -1,142 +1,31 @@
-"""What a training run writes while it trains, and when each is due: each output a small object (checkpoints and
-the stop signals, pictures -- samples, the G loss's autograd graph --, in-training metrics, the progress bar), and
-below them what the loop (gan/training/loop.py) calls after each generator step (:func:`after_step`: the step's
-scalars, the health check, the outputs), after the last (:func:`at_end`), however the steps ended (:func:`close`),
-and as the run returns (:func:`finish`). Each counts generator steps (``module.counters.g``)."""
+"""What a training run writes while it trains besides its checkpoints (gan/training/checkpoints.py), each output a
+small object told when a run starts and after each generator step: pictures (samples, the G loss's autograd graph),
+in-training metrics, the progress bar. Each counts generator steps (``module.counters.g``)."""
 
 from __future__ import annotations
 
 import logging
-import re
-import shlex
-import signal
-import threading
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm import tqdm
 
 from gan.config.eval_settings import EvalSettings
-from gan.core import snapshot
 from gan.core.audit import check_plain_numbers
-from gan.errors import Interrupted, StoppedAtOnce, Unhealthy
 from gan.evaluation.graphs import ForwardRecorder, dot_path, picture
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
-from gan.training.fabric_adapter import every_rank
 
 if TYPE_CHECKING:
-    from gan.core.step import StepResult
     from gan.data.loader import GANData
     from gan.run.module import GANModule
-    from gan.training.state import Training
 
 log = logging.getLogger(__name__)
-
-# The names of the periodic checkpoint files: Checkpoints prunes these and no other file.
-PERIODIC = re.compile(r"step_(\d+)\.ckpt")
-
-# The signals that stop a run at the end of its generator step, with a checkpoint, and their names in messages.
-# SIGUSR1 is what a SLURM job is sent before its time limit (sbatch --signal=USR1@90; docs/usage.md).
-STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
-
-
-class Checkpoints:
-    """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, of which the newest ``keep`` stay
-    (0: all); ``last.ckpt`` then, at the end, and when a signal stops the run. ``write(path)`` writes the
-    training state to a file (the loop's, through gan/files.py's atomic writing).
-
-    Ctrl-C (SIGINT), SIGTERM and SIGUSR1 (:data:`STOPPING`) stop the run at the end of the generator step
-    they land in, and save that step: a checkpoint taken between D's update and G's would not resume
-    exactly. A second signal stops at once, without a checkpoint (:class:`gan.errors.StoppedAtOnce`), and
-    ``kill_ranks`` ends any process the run started for other ranks.
-    """
-
-    def __init__(self, directory: Path, every: int, keep: int, write: Callable[[Path], None], is_global_zero: bool,
-                 kill_ranks: Callable[[], None] = lambda: None):
-        self.directory, self.every, self.keep, self.write = Path(directory), every, keep, write
-        self.is_global_zero, self.kill_ranks = is_global_zero, kill_ranks
-        self.saved_step = -1
-        self.stop_requested = self.interrupted = False
-        self.stop_signal: int | None = None  # the first stopping signal received
-        self.previous_handlers: dict[int, Any] = {}
-
-    @property
-    def stopped_by(self) -> str | None:
-        """What stopped the run at the end of a step: a signal's name (:data:`STOPPING`), or None."""
-        if not self.interrupted:
-            return None
-        return STOPPING[signal.Signals(self.stop_signal)] if self.stop_signal else "another rank's signal"
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the stopping signal's number (a rank stopped by another's: SIGTERM's)."""
-        return 128 + (self.stop_signal or signal.SIGTERM)
-
-    def save(self, step: int, periodic: bool) -> None:
-        directory = self.directory
-        if periodic:
-            self.write(directory / f"step_{step:06d}.ckpt")
-        self.write(directory / "last.ckpt")
-        self.saved_step = step
-        # Only now, with both new files complete: a failed or killed save leaves every older checkpoint in place.
-        if periodic and self.keep and self.is_global_zero:
-            self.prune(step)
-
-    def prune(self, step: int) -> None:
-        """Delete the periodic checkpoints of steps up to ``step`` except the newest ``keep``.
-
-        Checkpoints of later steps are left alone: they come from an earlier run in this directory that
-        this one resumed from one of its older checkpoints, and this run overwrites them as it gets there.
-        """
-        periodic = {int(m[1]): p for p in self.directory.iterdir() if (m := PERIODIC.fullmatch(p.name))}
-        for old in sorted(s for s in periodic if s <= step)[:-self.keep]:
-            periodic[old].unlink(missing_ok=True)
-
-    def at_start(self) -> None:
-        """The stopping signals caught from the first step on."""
-        if threading.current_thread() is threading.main_thread():  # the only thread signal handlers run in
-            self.previous_handlers = {signum: signal.signal(signum, self.request_stop) for signum in STOPPING}
-
-    def request_stop(self, signum: int, frame: Any) -> None:
-        name = STOPPING[signal.Signals(signum)]
-        if self.stop_requested:
-            self.stop_at_once(name, signum)
-        self.stop_requested, self.stop_signal = True, signum
-        log.warning(f"{name}: the run stops at the end of this generator step, with a checkpoint "
-                    f"({name} again stops it at once, without)")
-
-    def stop_at_once(self, name: str, signum: int) -> None:
-        self.restore_handlers()
-        self.kill_ranks()
-        last = self.directory / "last.ckpt"
-        resume = (f"resume from the last checkpoint with the same overrides and {shlex.quote(f'ckpt_path={last}')}"
-                  if last.is_file() else "no checkpoint had been written")
-        raise StoppedAtOnce(f"stopped at once by a second {name}: {resume}", 128 + signum)
-
-    def restore_handlers(self) -> None:
-        for signum, handler in self.previous_handlers.items():
-            if handler is not None:
-                signal.signal(signum, handler)
-        self.previous_handlers = {}
-
-    def after_step(self, step: int, stop: bool) -> bool:
-        """Save what is due at generator step ``step``; ``stop``: the ranks agreed to stop here. True: stop."""
-        if step % self.every == 0 or stop:
-            self.save(step, periodic=step % self.every == 0)
-        self.interrupted = stop
-        return stop
-
-    def at_end(self, step: int) -> None:
-        if step != self.saved_step:
-            self.save(step, periodic=False)
 
 
 class Samples:
@@ -256,133 +145,3 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-# --- what is due after a generator step ------------------------------------------------------------------------
-
-def after_step(run: Training, result: StepResult, g: int, logged: bool, stop: bool) -> bool:
-    """What is due after generator step ``g``: its scalars (``logged``) and health check, the audit's end-of-step
-    checks, a checkpoint, samples, metrics, the progress bar. Returns whether the run stops here: ``stop`` (the
-    ranks agreed to), or its health check stopped it."""
-    module = run.module
-    if logged:
-        run.guard.read()  # a bad update stops the run before it is logged
-        log_step(run, result)
-        if run.health_due(g):  # rank 0's health check may stop the run: the ranks agree to stop here
-            ill = run.health is not None and run.health.stopped_by is not None
-            run.health_stopped = agree_to_stop(run.fabric, ill)
-            stop = run.health_stopped or stop
-    if run.audit is not None:
-        run.audit.step_end()
-    run.checkpoints.after_step(g, stop)
-    run.samples.after_step(module)
-    if run.metrics is not None:
-        run.metrics.after_step(module)
-        run.last_metrics = run.metrics.last
-    if run.progress is not None:
-        run.progress.after_step(run.last_losses, logged)
-    return stop
-
-
-def log_step(run: Training, result: StepResult) -> None:
-    """The step's scalars (and a health check's figures, which it judges, when one is due) to the loggers, read
-    from the device in one transfer: one host-device sync per logging step, plain floats to the loggers, and no
-    tensor that could keep a graph alive."""
-    module = run.module
-    d, objective = result.d[-1], module.objective
-    values = {
-        "loss/d": d.loss, "loss/g": result.g_loss,
-        "d/real": d.real_logits.mean(), "d/fake": d.fake_logits.mean(),
-        "d/real_running": objective.d_real_mean.value, "d/fake_running": objective.d_fake_mean.value,
-        "grad_norm/g": grad_norm(module.G), "grad_norm/d": grad_norm(module.D),
-    }
-    if objective.augment is not None:
-        values["augment/p"] = objective.augment.p
-    values.update({f"train/skipped_{n}": getattr(module.counters, f"skipped_{n}") for n in "dg"})
-    # Rank 0 checks the run's health, for every rank: they hold the same networks (the verdict is agreed on).
-    checking = run.health is not None and run.health_due(module.counters.g)
-    if checking:
-        values.update(run.health.figures(module, result))
-    numbers = dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist()))
-    if checking:
-        run.health.check(module.counters.g, numbers)
-    if module.audit:
-        check_plain_numbers(numbers)
-    for logger in run.loggers:  # TensorBoard's x axis is generator steps
-        logger.log_metrics(numbers, step=module.counters.g)
-    run.last_losses = {k: v for k, v in numbers.items() if k.startswith("loss/")}
-
-
-def grad_norm(module: nn.Module) -> Tensor:
-    """L2 norm of all gradients of ``module``, on their device (0 where none exist)."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=next(module.parameters()).device)
-
-
-def agree_to_stop(fabric: Fabric, requested: bool) -> bool:
-    """Whether any rank was asked to stop (a signal, or rank 0's health check): one all-reduce of one number under
-    DDP, none on one process."""
-    return every_rank(fabric, requested, all=False) if fabric.world_size > 1 else requested
-
-
-# --- the end ---------------------------------------------------------------------------------------------------
-
-def at_end(run: Training) -> None:
-    """After the last step: last.ckpt, the last samples, the generator's snapshot."""
-    run.guard.read()
-    run.checkpoints.at_end(run.module.counters.g)
-    run.samples.at_end(run.module)
-    if run.zero:
-        generator = run.module.snapshot()  # the EMA generator where there is one, with what it needs to sample
-        snapshot.save_snapshot(run.run_dir / snapshot.FILE, generator)
-    if run.health is not None:
-        run.health.at_end(run.module.counters.g)
-
-
-def close(run: Training, status: str) -> None:
-    """However the steps ended: the signal handlers, the audit's hooks, the progress bar, the profiler, the loggers."""
-    run.checkpoints.restore_handlers()
-    if run.audit is not None:
-        run.audit.close()
-    if run.progress is not None:
-        run.progress.close()
-    run.profiler.describe()
-    for logger in run.loggers:
-        logger.finalize(status)
-
-
-def finish(run: Training) -> Training:
-    """The run's summary; a run a signal stopped ends with :class:`gan.errors.Interrupted`, one its health check
-    stopped with :class:`gan.errors.Unhealthy`: each says how to resume."""
-    module, run_dir, stopped_by = run.module, run.run_dir, run.checkpoints.stopped_by
-    unhealthy = run.health_stopped
-    ill = run.health.stopped_by if run.health is not None else None  # None on ranks > 0: rank 0 judged
-    if unhealthy:
-        stopped_by = f"its health check ({ill.condition if ill else 'on rank 0'})"
-    if run.zero:
-        log_summary(run, stopped_by)
-    if not stopped_by:
-        return run
-    last = run_dir / "checkpoints" / "last.ckpt"
-    resume = shlex.quote(f"ckpt_path={last}")
-    if unhealthy:
-        condition = f"{ill.condition} since step {ill.started}" if ill else "a condition rank 0 found"
-        raise Unhealthy(f"stopped by its health check at generator step {module.counters.g}: {condition} "
-                        f"(docs/usage.md#training-health); saved in {last}: resume with the same overrides, {resume} "
-                        "and health.action=warn to go on regardless, or start anew with a fix")
-    raise Interrupted(f"stopped by {stopped_by} at generator step {module.counters.g}, saved in {last}: resume with "
-                      f"the same overrides and {resume}", run.checkpoints.exit_code)
-
-
-def log_summary(run: Training, stopped_by: str | None = None) -> None:
-    """What the run did and where to look next: on the console and in the run's log file (train.log)."""
-    steps, run_dir = run.module.counters.g, run.run_dir
-    losses = [f"{name} {value:.4g}" for name, value in run.last_losses.items()]
-    # The loop logs the last step it trains: none logged means none trained (a resume at trainer.max_steps).
-    final = f"final losses {', '.join(losses)} (generator step {steps})" if losses else "no generator step trained"
-    how = f"stopped by {stopped_by} after" if stopped_by else "finished:"
-    log.info(f"Run {how} {steps} generator steps in {run_dir}; {final}")
-    # Quoted for a shell (a run directory may hold spaces): each line can be pasted as it is.
-    log.info(f"  curves and samples: tensorboard --logdir {shlex.quote(str(run_dir / 'tensorboard'))}")
-    log.info(f"  metrics:            python evaluate.py {shlex.quote(f'run_dir={run_dir}')}")
-    log.info(f"  the generator:      {shlex.quote(str(run_dir / snapshot.FILE))} (gan.core.snapshot.load_generator)")
