@@ -686,3 +686,64 @@ def test_the_readme_layout_names_every_folder_and_module_of_gan_and_nothing_else
     problems += [f"gan/{m}.py is not named" for m in sorted(modules_of(package) - own)]
     problems += [f"gan/{m}.py does not exist" for m in sorted(own - modules_of(package))]
     assert not problems, "README.md's Layout block:\n" + "\n".join(problems)
+
+
+# --- Pages describe what is: commit hashes live in block stamps and in docs/changelog.md alone --------------------
+
+HEX_WORD = re.compile(r"(?<![0-9A-Za-z])[0-9a-f]{7,40}(?![0-9A-Za-z])")
+TOKEN = re.compile(r"[^\s`()\[\]<>\"',;]+")
+FILE_NAME = re.compile(r"[\w-]+(?:\.[\w-]+)*\.[a-z][a-z0-9]{0,4}")
+
+
+def named_commits(text: str) -> list[tuple[int, str]]:
+    """(line number, word) for each commit hash ``text`` names outside its generated blocks.
+
+    A commit hash is a word of 7 to 40 lowercase hex digits, at least one of them a letter and one a digit,
+    with no letter or digit on either side (so a 64-digit SHA-256 digest is one longer word, never a hash).
+    Not counted:
+    - the lines of a generated block (tools/blocks.py's BLOCK), from its `<!-- begin NAME | ... -->` marker,
+      whose stamp names the commit that made it, to its `<!-- end NAME -->`: the benchmark scripts write the
+      whole block, and some repeat the stamp's commit in its first line, which no hand may edit;
+    - a hex run inside a URL: its token (the text between spaces, backticks, brackets, quotes, commas and
+      semicolons) holds "://";
+    - a hex run inside a file name: it lies in the token's last path component, trailing punctuation dropped,
+      and that component is a file name -- dot-separated parts of letters, digits, "_" and "-", ending in a
+      lowercase extension of 1-5 characters, e.g. `weights-inception-2015-12-05-6726825d.pth`.
+    A revision such as `abc1234:docs/results.md` or `abc1234..HEAD` is a hash: the run is not in the file
+    name's component, and ".." makes no file name."""
+    sys.path.insert(0, str(ROOT))
+    from tools import blocks
+
+    generated = set()
+    for block in blocks.BLOCK.finditer(text):
+        first = text.count("\n", 0, block.start()) + 1
+        generated.update(range(first, first + block.group().count("\n") + 1))
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if number in generated:
+            continue
+        for token in TOKEN.finditer(line):
+            word = token.group().rstrip(".:!?")
+            last = word.rsplit("/", 1)[-1]
+            in_file = FILE_NAME.fullmatch(last) is not None
+            for hit in HEX_WORD.finditer(word):
+                if not (re.search(r"[a-f]", hit.group()) and re.search(r"\d", hit.group())):
+                    continue
+                if "://" in word or in_file and hit.start() >= len(word) - len(last):
+                    continue
+                found.append((number, hit.group()))
+    return found
+
+
+def test_no_page_names_a_commit_outside_its_blocks_and_the_changelog():
+    """README.md and docs/*.md describe the project as it is: a commit hash in their prose is history, which
+    goes to docs/changelog.md (one line per decision, newest first), and the page describes what the code
+    does. Generated blocks keep their stamps. What counts as a hash: `named_commits`."""
+    assert named_commits("built at 1a2b3c4, and `git show 8da9f11:docs/results.md` (9bc3d19..HEAD)") == \
+        [(1, "1a2b3c4"), (1, "8da9f11"), (1, "9bc3d19")]
+    assert named_commits("`weights-inception-2015-12-05-6726825d.pth`, https://x.org/a/6726825d.pth, sha256 "
+                         "`f58cb9b6ec323ed63459aa4fb441fe750cfe39fafad6da5cb504a16f19e958f4`, 2,048 and 1234567") == []
+    found = [f"{doc.relative_to(ROOT)}:{number}: {word}" for doc in DOCS if doc.name != "changelog.md"
+             for number, word in named_commits(doc.read_text(encoding="utf-8"))]
+    assert not found, "commit hashes outside generated blocks (history belongs in docs/changelog.md):\n" + \
+        "\n".join(found)
