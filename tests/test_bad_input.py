@@ -133,7 +133,7 @@ CONFIG_ERRORS = {
     ("eval.inception_sha256=abc",): "error: eval.inception_sha256=abc: give the file's 64 hex digits, as sha256sum "
                                     "prints them, or null for the published file's",
     ("train.threads=0",): "error: train.threads=0: it must be >= 1 (torch's intra-op threads for this run; null: "
-                          "torch's default)",
+                          "OMP_NUM_THREADS, else the cores other work leaves free at the start)",
     ("metric=loss",): "error: metric=loss: train.py returns loss/d, loss/g or a metrics/<name> of eval.every",
     ("experiment=ring", "+data.classes=[0,1]"): "error: data.classes and data.limit choose images of labelled image "
                                                 "data; data=ring draws its 2D points from every mode: drop them "

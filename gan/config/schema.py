@@ -208,7 +208,8 @@ class Train:
     z_dim: int = key(least=1, meaning="the size of G's noise vector", resume="refused")
     compile: bool = key(before=False)
     skip_nonfinite: bool = key(resume="applied", before=False)
-    threads: int | None = key(least=1, meaning="torch's intra-op threads for this run; null: torch's default")
+    threads: int | None = key(least=1, meaning="torch's intra-op threads for this run; null: OMP_NUM_THREADS, "
+                              "else the cores other work leaves free at the start")
 
 
 @dataclass
