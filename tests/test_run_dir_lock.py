@@ -1,6 +1,7 @@
-"""One run, one directory (gan/run/hold.py): a running train.py holds its run directory; a second train.py, an
-evaluate.py or the Python API that would write there is refused in one line naming the holder, and writes nothing;
-a run killed outright (SIGKILL) holds nothing, and a finished one releases its hold. Real processes, real locks."""
+"""One run, one directory (gan/run/hold.py): a running train.py holds its run directory; a second train.py or the
+Python API that would write there is refused in one line naming the holder, and writes nothing; an evaluation scores
+a live run's checkpoint, writing its eval/ alone; a run killed outright (SIGKILL) holds nothing, and a finished one
+releases its hold. Real processes, real locks."""
 
 from __future__ import annotations
 
@@ -61,18 +62,25 @@ def test_a_running_run_refuses_another_writer_and_a_killed_one_holds_nothing(tmp
         assert re.fullmatch(rf"error: {re.escape(str(run) + held_by(first.pid, 'training'))}\S+ \S+ "
                             r"\(python train\.py debug=tiny .*\); "
                             r"wait until it ends, or train into another hydra\.run\.dir", line), line
-        # Meanwhile, in this process: evaluate.py and the Python API are refused the same way.
-        assert run_main("evaluate", f"run_dir={run}") == 2
-        line = one_line(capsys.readouterr().err)
-        assert line.startswith(f"error: {run}{held_by(first.pid, 'training')}")
-        assert line.endswith("; evaluate it once it has ended")
-        with pytest.raises(ConfigError, match=re.escape(held_by(first.pid, "training"))):
-            gan.evaluate(run)
+        # Meanwhile, in this process: the Python API's training is refused the same way.
         with pytest.raises(ConfigError, match=re.escape(held_by(first.pid, "training"))):
             gan.train(*TINY, "seed=1", run_dir=run)
         assert (run / ".hydra" / "config.yaml").read_bytes() == config  # the first run's, seed 0
         assert OmegaConf.load(run / ".hydra" / "config.yaml").seed == 0
-        assert not (run / "eval").exists()
+        # evaluate.py scores the live run's checkpoint, holding its eval/ alone; a snapshot, which would sit beside the
+        # generator.pt the run writes at its end, is refused in one line, before anything is written.
+        assert run_main("evaluate", f"run_dir={run}", "snapshot=true") == 2
+        line = one_line(capsys.readouterr().err)
+        assert line.startswith(f"error: snapshot=true: {run} is still training (pid {first.pid} on ")
+        assert line.endswith("drop snapshot=true to score its checkpoint now, or ask again once the run has ended")
+        assert not (run / "eval").exists() and not (run / "generator.pt").exists()
+        cache = f"cache_dir={run.parent / 'cache'}"
+        assert run_main("evaluate", f"run_dir={run}", "num_samples=64", cache) == 0
+        scored = json.loads((run / "eval" / "metrics.json").read_text())
+        assert scored["checkpoint"] == str(last.resolve()) and scored["step"] >= 2
+        assert gan.evaluate(run, "num_samples=64", cache).metrics["checkpoint"] == str(last.resolve())
+        assert json.loads((run / FILE).read_text())["pid"] == first.pid  # the run's hold, as it was
+        assert not (run / "eval" / FILE).exists() and not (run / "generator.pt").exists()
         assert first.poll() is None  # still training
     finally:
         first.kill()  # SIGKILL: no handler runs, the lock file stays behind, the OS drops the lock

@@ -26,7 +26,7 @@ from gan.evaluation.metrics import build_metrics, scalars
 from gan.evaluation.pictures import real_points_for_plot, render_interpolation, render_samples, save_pngs
 from gan.evaluation.sampling import interpolate, sample_and_score
 from gan.files import atomic_write
-from gan.run.hold import EVALUATE_FIX, holding
+from gan.run.hold import EVALUATE_FIX, Held, holding, take
 from gan.run.load import find_checkpoint, load_module
 from gan.run.module import GANModule
 
@@ -94,19 +94,39 @@ def evaluate_run(cfg: DictConfig) -> dict[str, Any]:
     """``python evaluate.py``: score a run's checkpoint; write ``<run>/eval/`` and TensorBoard, and what
     ``images=``, ``snapshot=true`` and ``export=`` ask for.
 
-    Every check that can fail on bad input runs before the first file is written. The run is held while it is
-    scored: refused while another process trains or evaluates it (gan/run/hold.py).
+    Every check that can fail on bad input runs before the first file is written. The run and its ``eval/`` are
+    held while it is scored (gan/run/hold.py): another evaluation is refused, and so is a resume. A run another
+    process is still training is scored as it is, from the checkpoint asked for (``last.ckpt``: written whole, or
+    not at all), holding ``eval/`` alone: the evaluation writes only ``eval/`` and a TensorBoard file of its own,
+    and refuses ``snapshot=true`` and ``export=``, whose files sit beside the ones the run writes.
     """
     cfg = conform(cfg, EvaluateConfig)
     run_dir = None if OmegaConf.is_missing(cfg, "run_dir") else cfg.run_dir
-    with holding(None if run_dir is None else Path(run_dir).expanduser(), "evaluating", EVALUATE_FIX, create=False):
-        return score(cfg, run_dir)
+    path = None if run_dir is None else Path(run_dir).expanduser()
+    if path is None or not path.is_dir():  # refused by find_checkpoint, with what to give
+        return score(cfg, run_dir, training=None)
+    try:
+        hold, training = take(path, "evaluating", EVALUATE_FIX, create=False), None
+    except Held as held:
+        if held.doing != "training":
+            raise
+        hold, training = None, held.holder
+    try:
+        with holding(path / "eval", "evaluating", EVALUATE_FIX):
+            return score(cfg, run_dir, training)
+    finally:
+        if hold is not None:
+            hold.release()
 
 
-def score(cfg: DictConfig, run_dir: str | None) -> dict[str, Any]:
-    """:func:`evaluate_run`, with its run held."""
+def score(cfg: DictConfig, run_dir: str | None, training: str | None) -> dict[str, Any]:
+    """:func:`evaluate_run`, with what it writes held; ``training``: who trains the run meanwhile (None: no one)."""
     run, ckpt_path = find_checkpoint(run_dir, cfg.ckpt)
     exports = export_kinds(cfg.export)
+    if training is not None and (cfg.snapshot or exports):
+        asked = "snapshot=true" if cfg.snapshot else f"export={cfg.export}"
+        raise ConfigError(f"{asked}: {run} is still training ({training}), and writes its generator.pt at its end: "
+                          f"drop {asked} to score its checkpoint now, or ask again once the run has ended")
     device = resolve_device(cfg.device)
     module = load_module(ckpt_path).to(device)
     run_cfg = module.cfg

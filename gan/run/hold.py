@@ -8,7 +8,8 @@ message. Who holds it, and when:
   so a refused run leaves the holder's config as it was; the task (gan/training/loop.py) takes it over and
   releases it when it ends, however it ends. ``gan.train`` and a direct call of the loop hold it likewise;
   so do multirun jobs (each in its own directory), from the loop, after Hydra has written their ``.hydra/``.
-- ``python evaluate.py`` and ``gan.evaluate`` hold the run they write ``eval/`` into while they score it.
+- ``python evaluate.py`` and ``gan.evaluate`` hold the run they score, and its ``eval/``, which they write; a run
+  another process is training they score as it is, holding its ``eval/`` alone (gan/evaluation/app.py).
 - DDP: the ranks a launcher starts (Lightning's for trainer=ddp, which runs the same command again; torchrun;
   SLURM) hold nothing: rank 0, which the user started, holds the run for all of them.
 - Within one process a hold is re-entrant: the process that holds a run may train and evaluate it.
@@ -30,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from gan.errors import ConfigError
 
@@ -41,7 +43,7 @@ except ImportError:  # Windows: no hold (see above)
 FILE = ".lock"
 # How a refused process can go on, by what it would have done.
 TRAIN_FIX = "wait until it ends, or train into another hydra.run.dir"
-EVALUATE_FIX = "evaluate it once it has ended"
+EVALUATE_FIX = "evaluate it once that has ended"
 
 # The variables a launcher sets for the ranks it starts: Lightning's (LOCAL_RANK, NODE_RANK: trainer=ddp runs
 # train.py again for each further rank), torchrun's (RANK), SLURM's (SLURM_PROCID). Rank 0 holds for all.
@@ -78,6 +80,15 @@ class Hold:
 HELD: dict[Path, Hold] = {}
 
 
+class Held(ConfigError):
+    """A run directory another process holds: ``holder`` says who, ``doing`` what (as its lock file says, e.g.
+    "training"; None where it could not be read)."""
+
+    def __init__(self, message: str, holder: str, doing: str | None):
+        super().__init__(message)
+        self.holder, self.doing = holder, doing
+
+
 def take(run_dir: Path, doing: str, fix: str, create: bool = True) -> Hold | None:
     """Hold ``run_dir`` for this process (doing ``doing``, e.g. "training"), or a ConfigError naming the process
     that holds it, whose message ends with ``fix``; nothing is written then. None: nothing to hold (another
@@ -97,9 +108,12 @@ def take(run_dir: Path, doing: str, fix: str, create: bool = True) -> Hold | Non
             # flock, not a pid file to judge stale: the OS drops it when its process dies, SIGKILL too
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = describe(fd)
+            holder = read_holder(fd)
             os.close(fd)
-            raise ConfigError(f"{run_dir} is in use: {holder}; {fix}") from None
+            described = (f"pid {holder['pid']} on {holder['host']} has been {holder['doing']} there since "
+                         f"{holder['since']} ({holder['command']})" if holder else
+                         f"another process holds {FILE} there")
+            raise Held(f"{run_dir} is in use: {described}; {fix}", described, holder and holder["doing"]) from None
         except BaseException:
             os.close(fd)
             raise
@@ -119,17 +133,18 @@ def take(run_dir: Path, doing: str, fix: str, create: bool = True) -> Hold | Non
     return hold
 
 
-def describe(fd: int) -> str:
-    """The holder of the lock on ``fd``, as its file names it (written just after it locked: read again
-    until it is there)."""
+def read_holder(fd: int) -> dict[str, Any] | None:
+    """The holder of the lock on ``fd``, as its file names it (written just after it locked: read again until it
+    is there); None where it never is."""
     for _ in range(20):
         try:
             holder = json.loads(os.pread(fd, 4096, 0).decode())
-            return (f"pid {holder['pid']} on {holder['host']} has been {holder['doing']} there since "
-                    f"{holder['since']} ({holder['command']})")
-        except (ValueError, KeyError, TypeError):
-            time.sleep(0.05)
-    return f"another process holds {FILE} there"
+            if all(key in holder for key in ("pid", "host", "doing", "since", "command")):
+                return holder
+        except (ValueError, TypeError):
+            pass
+        time.sleep(0.05)
+    return None
 
 
 def command() -> str:
