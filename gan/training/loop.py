@@ -46,7 +46,9 @@ def train(cfg: DictConfig, probes: Sequence[Probe] = (), start: Start | None = N
     threads = torch.get_num_threads()
     try:
         with holding(run_dir, "training", TRAIN_FIX):  # train.py: takes over the hold its Hydra callback took
-            run = assemble(start if start is not None else check_before_writing(cfg, run_dir))
+            if start is None:  # train.py: its Hydra callback's checks keep nothing; the loop's are the run's
+                start = check_before_writing(cfg, run_dir)
+            run = assemble(start)
             run_steps(run, probes)
             return finish(run)
     finally:
