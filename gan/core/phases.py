@@ -41,7 +41,7 @@ NAMES = tuple(phase.name for phase in PHASES)
 
 class StepPhases:
     """The record of what a training step runs now -- :attr:`current` (the phase), :attr:`network` (whose update)
-    and :attr:`d_update` (which D update of the generator step, 0-based, as the step counts them) -- kept by
+    and :attr:`d_step` (which of the generator step's ``loss.d_steps`` D updates, 0-based) -- kept by
     :meth:`phase`, the step's ``phase`` hook, which also tells each of ``readers`` (objects with ``start(name)``
     and ``stop(name)``, such as the timer) as a phase begins and ends."""
 
@@ -50,32 +50,32 @@ class StepPhases:
         self.by_name = {phase.name: phase for phase in PHASES}
         self.profiled = False  # each phase a record_function range, set when the PyTorch profiler runs
         self.current: Phase | None = None  # the phase running now
-        self.d_update = 0  # which D update of this generator step runs, or ran last
+        self.d_step = 0  # which D update of this generator step runs, or ran last
 
     @property
     def network(self) -> str | None:
         """"D" or "G": the network whose update runs now; else None."""
         return self.current.network if self.current is not None else None
 
-    def phase(self, name: str, d_update: int = 0) -> Opened:
-        """Record the block as phase ``name`` (of D update ``d_update``, for D's phases), and tell the readers
+    def phase(self, name: str, d_step: int = 0) -> Opened:
+        """Record the block as phase ``name`` (of the step's D update ``d_step``, for D's phases), and tell the readers
         where it begins and ends."""
-        return Opened(self, self.by_name[name], d_update)
+        return Opened(self, self.by_name[name], d_step)
 
 
 class Opened:
     """One ``with phases.phase(name):`` block. A class rather than ``@contextmanager``, whose generator and
     wrapper cost several microseconds a block, and a step runs about fifteen blocks."""
 
-    __slots__ = ("phases", "phase", "d_update", "outer", "range")
+    __slots__ = ("phases", "phase", "d_step", "outer", "range")
 
-    def __init__(self, phases: StepPhases, phase: Phase, d_update: int):
-        self.phases, self.phase, self.d_update = phases, phase, d_update
+    def __init__(self, phases: StepPhases, phase: Phase, d_step: int):
+        self.phases, self.phase, self.d_step = phases, phase, d_step
 
     def __enter__(self) -> None:
         phases, phase = self.phases, self.phase
         if phase.network == "D":
-            phases.d_update = self.d_update
+            phases.d_step = self.d_step
         self.outer, phases.current = phases.current, phase
         # A record_function range costs tens of microseconds even with no profiler listening: labelled
         # only when trainer.profiler=pytorch records them.
@@ -138,6 +138,6 @@ class PhaseTimer:
         return dict(totals)
 
 
-def untimed(name: str, d_update: int = 0) -> AbstractContextManager[None]:
+def untimed(name: str, d_step: int = 0) -> AbstractContextManager[None]:
     """The ``phase`` of code that is not timed (the patterns, the tests)."""
     return nullcontext()

@@ -127,7 +127,7 @@ def observe(fabric: Fabric, cfg: DictConfig, data: GANData, placed: dict[str, An
     guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, d_steps, scaler,
                            lambda ok: every_rank(fabric, ok, all=True))
     for optimizer in optimizers:  # before the audit's hooks: the audit sees the guard's verdict
-        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_update))
+        optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_step))
     audit = AutogradAudit(module, *optimizers, phases, d_steps, scaler) if cfg.audit else None
     points = is_points(module.data_shape)
     samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(loggers), zero,

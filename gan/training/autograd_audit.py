@@ -171,7 +171,7 @@ class AutogradAudit:
             lrs = sorted({group["lr"] for group in optimizer.param_groups})
             raise AuditError(f"the {network} update moved none of {network}'s weights (learning rate {lrs}): "
                              f"its optimizer must step {network}'s parameters with their gradients")
-        if network == "D" and self.phases.d_update == self.d_steps - 1:
+        if network == "D" and self.phases.d_step == self.d_steps - 1:
             self.d_state.take(self.d_kept)
 
     def check_frozen(self, network: str) -> None:

@@ -58,8 +58,8 @@ class NonFiniteGuard:
     def before_backward(self, loss: Tensor, network: str) -> None:
         self.loss = loss.detach()  # judged with the gradients it gives, before the optimizer steps
 
-    def judge(self, optimizer: torch.optim.Optimizer, network: str, update: int) -> None:
-        """Before ``network``'s optimizer steps (update number ``update`` of the step, as it says)."""
+    def judge(self, optimizer: torch.optim.Optimizer, network: str, d_step: int) -> None:
+        """Before ``network``'s optimizer steps (D's: its update ``d_step`` of the generator step, 0-based)."""
         step = self.counters.g + 1
         scaler = self.scaler
         # Not the gradients under float16's GradScaler: non-finite ones are how it learns its scale is too
@@ -79,7 +79,7 @@ class NonFiniteGuard:
         if scaler is not None:  # each rank judged its own loss: all must agree (DDP; nothing on one device)
             ok = self.agree(ok)
         if not ok:
-            self.failed(network, step, update, bool(torch.isfinite(self.loss)))
+            self.failed(network, step, d_step, bool(torch.isfinite(self.loss)))
             optimizer.zero_grad(set_to_none=True)  # torch's optimizers step no parameter that has no gradient
             self.counters.count_skipped(network)
 
