@@ -747,3 +747,61 @@ def test_no_page_names_a_commit_outside_its_blocks_and_the_changelog():
              for number, word in named_commits(doc.read_text(encoding="utf-8"))]
     assert not found, "commit hashes outside generated blocks (history belongs in docs/changelog.md):\n" + \
         "\n".join(found)
+
+
+# A path the code's comments and docstrings point a reader to, and, where one follows (``x.py's Name``), the name.
+POINTER = re.compile(r"\b((?:gan|docs|tests|benchmarks|tools|configs)/[\w/.-]*\w\.(?:py|md|yaml|sh))"
+                     r"(?:'s ``?([A-Za-z_]\w*))?")
+SOURCES = [*sorted((ROOT / "gan").rglob("*.py")), ROOT / "train.py", ROOT / "evaluate.py", ROOT / "pyproject.toml",
+           *sorted((ROOT / "configs").rglob("*.yaml"))]
+
+
+def test_the_codes_pointers_name_files_and_definitions_that_exist():
+    """Where a docstring or comment sends the reader (``gan/training/outputs.py's Metrics``, ``docs/usage.md``),
+    the file is there, and so is a class, function or constant of the name that follows ``'s``; a pointer that
+    went stale when code moved fails here rather than in a reader's hands."""
+    stale = []
+    for source in SOURCES:
+        for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+            for path, name in POINTER.findall(line):
+                if re.search(r"/[A-Z]\.\w+$", path):  # a placeholder: configs/experiment/X.yaml
+                    continue
+                target = ROOT / path
+                where = f"{source.relative_to(ROOT)}:{number}"
+                if not target.is_file():
+                    stale.append(f"{where}: {path} does not exist")
+                elif name and target.suffix == ".py" and not re.search(
+                        rf"^\s*(?:def|class) {name}\b|^\s*{name}\s*[:=]", target.read_text(encoding="utf-8"), re.M):
+                    stale.append(f"{where}: {path} defines no {name}")
+    assert not stale, "\n".join(stale)
+
+
+def module_names(tree: ast.Module) -> set[str]:
+    """Every name a module defines, imports, assigns (attributes too) or takes as an argument."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(target)
+                             if isinstance(n, (ast.Name, ast.Attribute)))
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def test_the_codes_cross_references_name_what_their_module_has():
+    """A docstring's bare :class:, :func:, :meth:, :data: or :attr: reference names something its own module defines,
+    imports or holds; one to another module's name gives its dotted path."""
+    stale = []
+    for source in sorted((ROOT / "gan").rglob("*.py")):
+        text = source.read_text(encoding="utf-8")
+        names = module_names(ast.parse(text))
+        for number, line in enumerate(text.splitlines(), 1):
+            stale += [f"{source.relative_to(ROOT)}:{number}: :{role}:`{ref}`"
+                      for role, ref in re.findall(r":(class|func|meth|data|attr):`~?([\w.]+)`", line)
+                      if "." not in ref and ref not in names]
+    assert not stale, "\n".join(stale)

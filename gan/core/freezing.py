@@ -5,7 +5,7 @@ under a parametrization (spectral norm's ``parametrizations.weight.original``: w
 with the normalisation layers that follow it (BatchNorm); or a module that declares ``is_block = True``, with every
 layer inside it (model=resnet's residual blocks, transitions and bases). G's and D's ``nn.Sequential`` read in
 order, so D's first block is the one that sees the image (FreezeD: Mo, Cho and Shin, 2020) and G's first the one
-that sees the noise. A frozen parameter is left out of its optimizer (gan/run/module.py), so it never gets a
+that sees the noise. A frozen parameter is left out of its optimizer (gan/run/build.py), so it never gets a
 ``.grad`` or optimizer state and never moves; ``gan.core.contexts.frozen``, which freezes D in every G update,
 restores each flag as it was, so a partly frozen D stays partly frozen. A parametrization's buffers (spectral norm's
 power iteration vectors ``_u``, ``_v``) keep updating in training mode, as BatchNorm's running statistics do.

@@ -3,7 +3,7 @@ never seen by an optimizer (they are not parameters).
 
 Under DDP (``trainer=ddp``) every rank holds these buffers and must hold the same values: what a rank
 gathers from its own batch is reduced over all ranks before it updates state (:func:`sum_over_ranks`),
-and the buffers of G and D are rank 0's after every step (:func:`broadcast_buffers`).
+and the buffers of G and D are rank 0's after every step (:func:`gan.core.distributed.broadcast_buffers`).
 """
 
 from __future__ import annotations

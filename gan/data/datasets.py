@@ -2,7 +2,7 @@
 
 Every dataset is a map-style dataset of ``(x, label)`` with ``x`` in [-1, 1] (images) or in data
 coordinates (2D mixtures); ``label`` is -1 where a dataset has none. Batches come from
-:class:`StepBatchSampler`, whose batch for generator step ``s`` is a pure function of ``(seed, s)``:
+gan/data/loader.py's ``StepBatchSampler``, whose batch for generator step ``s`` is a pure function of ``(seed, s)``:
 a resumed run sees exactly the data an uninterrupted run would have seen.
 """
 

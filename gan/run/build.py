@@ -1,5 +1,5 @@
 """The one builder: the module (networks, objective, EMA) and the optimizers a composed config describes, as
-training (gan/training/loop.py) builds it and evaluation rebuilds it from a checkpoint. Everything below
+training (gan/training/assemble.py) builds it and evaluation rebuilds it from a checkpoint. Everything below
 it is built from plain arguments."""
 
 from __future__ import annotations

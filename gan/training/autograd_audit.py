@@ -72,7 +72,7 @@ def expected_to_change(D: nn.Module) -> set[str]:
 
 
 class AutogradAudit:
-    """Checks the detach / freeze split of every D and G update of a :class:`GANModule` trained with the
+    """Checks the detach / freeze split of every D and G update of a :class:`~gan.run.module.GANModule` trained with the
     optimizers ``opt_g`` and ``opt_d``. Which update a backward or an optimizer step belongs to is read
     from the step's own record of its phases (``phases``: gan/core/phases.py), not guessed; ``d_steps``: D's
     updates per generator step (loss.d_steps). ``scaler``: float16's GradScaler, or None. The loop calls
