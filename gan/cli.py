@@ -3,8 +3,10 @@ ends the process with one line on stderr that names the problem and the fix, no 
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -17,9 +19,15 @@ from omegaconf.errors import OmegaConfBaseException
 from gan.config.compose import hydra_message
 from gan.errors import UNHEALTHY, ConfigError, Interrupted, RunError, StoppedAtOnce, Unhealthy
 
+# A full disk, a file size limit or a quota: the write that failed says what to do.
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
 
 def one_line(e: BaseException) -> str:
     """The message of ``e`` as one line."""
+    if isinstance(e, OSError) and e.errno in DISK_FULL:
+        return (f"cannot write {e.filename or 'to the run directory'} ({e.strerror}): free disk space or choose a "
+                "writable directory; a checkpoint is written whole or not at all: a run resumes from its last")
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     # An error in a DataLoader worker is raised again in the main process with the worker's traceback
@@ -46,10 +54,19 @@ def set_variable(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
+def writer_thread_failed(args: threading.ExceptHookArgs) -> None:
+    """threading's hook for an exception that ends a thread: a TensorBoard writer's failed write (a full disk) is
+    raised again in the main thread at its next write or flush, and reported there in one line; others as usual."""
+    writer = type(args.thread).__module__.startswith("tensorboard.") if args.thread is not None else False
+    if not (writer and isinstance(args.exc_value, OSError)):
+        threading.__excepthook__(args)
+
+
 @contextmanager
 def reported() -> Iterator[None]:
     """Errors a user can act on end the process inside the block: one line on stderr, an exit code
     (SystemExit, which Hydra lets through, where it would print a line of its own for an exception)."""
+    hook, threading.excepthook = threading.excepthook, writer_thread_failed
     try:
         yield
     except ConfigError as e:
@@ -64,6 +81,8 @@ def reported() -> Iterator[None]:
         report(e.message, e.code)
     except KeyboardInterrupt:
         report("interrupted", 130)
+    finally:
+        threading.excepthook = hook
 
 
 def report(line: str, code: int) -> None:

@@ -276,3 +276,23 @@ def test_a_full_disk_while_a_checkpoint_is_written_ends_in_one_line_and_leaves_n
         f"error: cannot write {checkpoint} (File too large): free disk space or choose a writable directory; the "
         f"previous {checkpoint.name}, if there was one, is unchanged"]
     assert list((run_dir / "checkpoints").iterdir()) == []  # no partial checkpoint, no temporary file
+
+
+def test_a_full_disk_while_tensorboard_writes_ends_in_one_line_without_a_threads_traceback(tmp_path):
+    """TensorBoard's events are written by a thread of their own, whose failed write printed that thread's traceback
+    before the run's own error; the run now ends in one line that says what to do. The limit (20 kB) is under the
+    first sample grid and checkpoint, over the run's config files."""
+    import resource
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # a .pyc over the limit would be written cut short
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "health.enabled=false"],
+                         cwd=ROOT, preexec_fn=limited, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "error: cannot write to the run directory (File too large): free disk space or choose a writable directory; "
+        "a checkpoint is written whole or not at all: a run resumes from its last"]
