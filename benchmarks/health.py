@@ -218,10 +218,14 @@ def train_all(out: Path, todo: list[tuple[str, list[str], str | None, int]], job
 def row(name: str, seed: int, expected: str | None, result: dict) -> str:
     fired = result["conditions"]
     steps = result["steps"]
-    said = ", ".join(f"{e['condition']} @ {e['started']}" for e in fired) or "none"
+    said = ", ".join(f"{e['condition']} @ {e['started']}" + (f"-{e['ended']}" if e["ended"] is not None else "")
+                     for e in fired) or "none"
     if expected is None:
         nearest = ", ".join(f"{name} {value:.2f}" for name, value in result["closest"].items())
-        verdict = ("none fired" if not fired else "FLAGGED") + f" (judged medians nearest the thresholds: {nearest})"
+        on = [e for e in fired if e["ended"] is None]
+        verdict = ("none fired" if not fired else "FLAGGED, on at the end" if on else
+                   "FLAGGED for a stretch, over before the end")
+        verdict += f" (judged medians nearest the thresholds: {nearest})"
     else:
         hit = [e for e in fired if e["condition"] == expected]
         verdict = (f"caught at {hit[0]['started'] / steps:.0%} of the run" if hit and hit[0]["started"] <= steps / 2
@@ -238,7 +242,8 @@ def by_condition(todo: list[tuple[str, list[str], str | None, int]], results: li
 
     healthy = [result for (_, _, expected, _), result in zip(todo, results) if expected is None]
     lines = ["| condition | broken runs | caught before half | late | missed | caught at (share of the run) | "
-             f"false alarms (of {len(healthy)} healthy runs) |", "|---|---|---|---|---|---|---|"]
+             f"false alarms (of {len(healthy)} healthy runs): on at the end, over before it |",
+             "|---|---|---|---|---|---|---|"]
     for condition in CONDITIONS:
         shares, late, missed = [], 0, 0
         for (_, _, expected, _), result in zip(todo, results):
@@ -251,10 +256,12 @@ def by_condition(todo: list[tuple[str, list[str], str | None, int]], results: li
                 late += 1
             else:
                 shares.append(hit[0] / result["steps"])
-        alarms = sum(any(e["condition"] == condition.name for e in result["conditions"]) for result in healthy)
+        met = [[e for e in result["conditions"] if e["condition"] == condition.name] for result in healthy]
+        on = sum(any(e["ended"] is None for e in events) for events in met)
+        over = sum(bool(events) and all(e["ended"] is not None for e in events) for events in met)
         at = ", ".join(f"{share:.0%}" for share in sorted(shares)) or "-"
         lines.append(f"| {condition.name} | {len(shares) + late + missed} | {len(shares)} | {late} | {missed} | {at} | "
-                     f"{alarms} |")
+                     f"{on}, {over} |")
     return "\n".join(lines)
 
 
