@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import compose_config
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from gan.data.datasets import digits_dataset, mixture_means
 
@@ -440,6 +440,15 @@ def test_every_train_command_of_the_docs_composes_to_what_it_sets(doc, command):
             with contextlib.suppress(TypeError, ValueError):
                 claimed = float(value) if isinstance(actual, float) else claimed
             assert actual == claimed, f"{command}: {key} is {actual!r}, not {value}"
+    # And the checks a run makes before it starts let it through (a run and a checkpoint the docs name are left
+    # out: they exist once the commands before have run; a GPU, which cannot exist here, is a CPU).
+    from gan.training.checks import validate
+
+    with open_dict(cfg):
+        cfg.ckpt_path = cfg.init_from = None
+        if cfg.trainer.accelerator == "gpu":
+            cfg.trainer.accelerator, cfg.trainer.sync_batchnorm = "cpu", False
+    validate(cfg)
 
 
 # --- Every error line of docs/troubleshooting.md: raised by gan/, asserted by a test ----------------------------
