@@ -7,6 +7,7 @@ as a user starts train.py, so Fabric's launcher starts rank 1 by running the sam
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -135,9 +136,9 @@ def test_a_rank_that_fails_alone_ends_the_ranks_it_started(tmp_path):
 
 
 def test_rank_0s_health_check_stops_every_rank_at_the_same_step(tmp_path):
-    """health.action=stop under DDP: rank 0 alone judges (here, at once: a tiny run's first samples are alike, judged
-    from step 0); the ranks agree at the check's step, both save nothing but rank 0's last.ckpt of that step, and
-    the command ends with the health check's exit code and its one line."""
+    """health.action=stop under DDP: rank 0 alone judges (here, early: a tiny run's first samples are off the data,
+    judged once they stop improving); the ranks agree at the check's step, both save nothing but rank 0's last.ckpt
+    of that step, and the command ends with the health check's exit code and its one line."""
     run = tmp_path / "run"
     out = subprocess.run([sys.executable, "train.py", "trainer=ddp", *TINY, "trainer.accelerator=cpu",
                           f"trainer.devices={RANKS}", "eval.every=0", "trainer.max_steps=6", "health.action=stop",
@@ -145,9 +146,10 @@ def test_rank_0s_health_check_stops_every_rank_at_the_same_step(tmp_path):
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 3, out.stderr[-2000:]
-    assert "stopped by its health check at generator step 2" in out.stderr
+    stopped = re.search(r"stopped by its health check at generator step (\d+)", out.stderr)
+    assert stopped and int(stopped[1]) < 6  # before the run's end
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert int(saved["state_dict"]["counters.g_updates"]) == 2
+    assert int(saved["state_dict"]["counters.g_updates"]) == int(stopped[1])  # the step the ranks agreed on
     left = subprocess.run(["pgrep", "-f", f"hydra.run.dir={run}"], capture_output=True, text=True)
     assert left.stdout.split() == []  # no rank left behind
 
