@@ -130,9 +130,12 @@ def observe(fabric: Fabric, cfg: DictConfig, data: GANData, placed: dict[str, An
         optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_step))
     audit = AutogradAudit(module, *optimizers, phases, d_steps, scaler) if cfg.audit else None
     points = is_points(module.data_shape)
-    samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(loggers), zero,
-                      real_points_for_plot(data.dataset) if points else None,
-                      mixture_means(cfg.data.name) if points else None)
+    real_points, means = (real_points_for_plot(data.dataset), mixture_means(cfg.data.name)) if points else (None, None)
+    settings = EvalSettings.from_config(cfg.eval, cfg.data.name)
+    # The outputs: pictures, metrics, the progress bar (outputs.py), then checkpoints, timing, profiling, health.
+    samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(loggers), zero, real_points, means)
+    metrics = Metrics(cfg.eval.every, settings, cfg.seed, loggers) if cfg.eval.every and zero else None
+    progress = Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and zero else None
     # What sees each backward: the guard (the loss it judges), the audit, the pictures of the autograd graph.
     watchers = [w for w in (guard, audit, samples) if w is not None]
 
@@ -144,20 +147,19 @@ def observe(fabric: Fabric, cfg: DictConfig, data: GANData, placed: dict[str, An
         else:
             loss.backward()
 
-    settings = EvalSettings.from_config(cfg.eval, cfg.data.name)
     health = cfg.health
-    judge = HealthJudge(judging_start(health.start, cfg.trainer.max_steps), health.patience)
     return {
         "timer": timer, "phases": phases, "guard": guard, "audit": audit, "backward": backward, "samples": samples,
+        "metrics": metrics, "progress": progress,
         "checkpoints": Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, write, zero,
                                    lambda: kill_other_ranks(fabric)),
-        "metrics": Metrics(cfg.eval.every, settings, cfg.seed, loggers) if cfg.eval.every and zero else None,
         "step_timer": (StepTimer(timer, cfg.data.batch_size * fabric.world_size, loggers)
                        if cfg.timing.enabled else None),
-        "progress": Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and zero else None,
         "profiler": build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank),
-        "health": (HealthWatch(health.action, judge, health.examples, settings, cfg.trainer.max_steps, health.every,
-                               run_dir, summary_writer(loggers)) if health.enabled and zero else None),
+        "health": (HealthWatch(health.action, HealthJudge(judging_start(health.start, cfg.trainer.max_steps),
+                                                          health.patience),
+                               health.examples, settings, cfg.trainer.max_steps, health.every, run_dir,
+                               summary_writer(loggers)) if health.enabled and zero else None),
     }
 
 
