@@ -20,13 +20,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gan.config.compose import compose  # noqa: E402
-from gan.training.loop import Probe, train  # noqa: E402
+from gan.training.loop import train  # noqa: E402
+from gan.training.observer import Observer  # noqa: E402
 from tools.blocks import recipe_inputs, write_block  # noqa: E402
 
 INPUTS = ["gan", *recipe_inputs("digits"), "benchmarks/audit_overhead.py"]  # a change: stale block
 
 
-class StepTimes(Probe):
+class StepTimes(Observer):
     def __init__(self) -> None:
         self.times: list[float] = []
 

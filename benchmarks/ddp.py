@@ -35,14 +35,15 @@ from typing import Any
 import torch
 from step import WARMUP, compose_train, median_after_warmup
 
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 STRATEGIES = {"ddp_separate": "trainer=ddp", "ddp_find_unused_parameters_true": "trainer=ddp_find_unused"}
 CLOCKS = ("wall", "cpu")
 COUNTED = 5  # steps after the timed ones, run under torch.profiler to count the collectives
 
 
-class Clocks(Probe):
+class Clocks(Observer):
     """Wall time and this process's CPU time at the end of each of the first ``timed`` generator steps;
     then the collectives of the next ``COUNTED`` steps, from torch.profiler's record of gloo's calls."""
 

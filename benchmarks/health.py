@@ -186,9 +186,10 @@ def train_ignoring_labels(overrides: list[str]) -> None:
     from omegaconf import OmegaConf
 
     from gan.config.compose import compose
-    from gan.training.loop import Probe, train
+    from gan.training.loop import train
+    from gan.training.observer import Observer
 
-    class IgnoreLabels(Probe):
+    class IgnoreLabels(Observer):
         def on_start(self, run: object) -> None:
             module = run.module
             for generator in {id(g): g for g in (module.G, module.sampling_generator)}.values():

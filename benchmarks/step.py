@@ -71,7 +71,8 @@ from gan.run.build import penalty_weight
 from gan.run.module import GANModule
 from gan.training import loop, outputs
 from gan.training.host import NVML_CHECK, no_gpu_probe_per_step
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools.blocks import recipe_inputs, write_block  # noqa: E402
@@ -97,7 +98,7 @@ def compose_train(*overrides: str, run_dir: Path) -> DictConfig:
     return cfg
 
 
-class StepClock(Probe):
+class StepClock(Observer):
     """The time training starts, and the time at the end of every generator step."""
 
     def __init__(self) -> None:
@@ -126,7 +127,7 @@ def framework_ms(overrides: list[str], steps: int, device: str) -> float:
         return (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e3 / (len(clock.ends) - WARMUP)
 
 
-class Interleaved(Probe):
+class Interleaved(Observer):
     """Runs ``block`` steps of the bare loop after every ``block`` generator steps of the run it watches, so
     that the two loops alternate every fraction of a second in one process: the host's speed drifts by
     several percent over seconds, and a drift then moves both sides of each pair alike. ``framework`` and
@@ -652,7 +653,7 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class OpsPerStep(Probe):
+class OpsPerStep(Observer):
     """The aten operations of each generator step, from its batch start to the next one's."""
 
     def __init__(self) -> None:
@@ -708,14 +709,15 @@ sys.path.insert(0, str(tree))
 from omegaconf import DictConfig, OmegaConf
 from hydra import compose, initialize_config_dir
 try:  # the Fabric loop, which a probe watches
-    from gan.training.loop import Probe, train
+    from gan.training.loop import train
+    from gan.training.observer import Observer
     hook = "on_step_end"
 except ImportError:  # before it: Lightning's Trainer, which a callback watches
     import lightning as L
     from gan.training.builder import train
     Probe, hook = L.Callback, "on_train_batch_end"
 
-class Clock(Probe):
+class Clock(Observer):
     def __init__(self):
         self.ends = []
 setattr(Clock, hook, lambda self, *args: self.ends.append(time.perf_counter()))
@@ -916,7 +918,7 @@ def phase_cost_us(enabled: bool, calls: int = 20000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-class HealthClock(Probe):
+class HealthClock(Observer):
     """Times the health check's own calls in a run -- its figures, made on the device, and its judging of the
     numbers read -- a synchronized interval each (the figures' single read rides in the logging step's)."""
 

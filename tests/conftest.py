@@ -17,7 +17,7 @@ import pytest
 from omegaconf import DictConfig
 
 from gan.config.compose import compose
-from gan.training.loop import Probe
+from gan.training.observer import Observer
 
 if TYPE_CHECKING:
     from gan.config.eval_settings import EvalSettings
@@ -79,7 +79,7 @@ def run_train(run_dir: Path, *overrides: str) -> int:
     return run_main("train", *flags, *TINY, f"hydra.run.dir={run_dir}", *(o for o in overrides if o not in flags))
 
 
-class LearningRates(Probe):
+class LearningRates(Observer):
     """The learning rates of G's and D's optimizers at the start of every generator step of a run."""
 
     def __init__(self):

@@ -16,12 +16,13 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-class RankRecorder(Probe):
+class RankRecorder(Observer):
     """Per rank: the real batches, G's noise and D's outputs of every step (through forward hooks on G and D
     themselves, which run inside their DDP wrappers), the EMA generator's forwards (sampling), and the
     module's whole state_dict before and after training."""

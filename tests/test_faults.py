@@ -18,7 +18,8 @@ from conftest import ROOT, TINY, LearningRates, compose_config, read_events, run
 from gan.core.state import StepCounters
 from gan.errors import Interrupted, RunError, StoppedAtOnce
 from gan.training.guard import NonFiniteGuard
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 # The sigmoid loss with LeCam, whose squared distances of D's outputs overflow once D's weights have moved
 # far; a constant learning rate, so that runs of different lengths here follow the same rates.
@@ -75,7 +76,7 @@ def test_a_diverged_run_resumes_from_its_last_checkpoint_with_the_lower_learning
         assert out.count(f"resume: {change}: applied") == 1, change
 
 
-class NonfiniteGradient(Probe):
+class NonfiniteGradient(Observer):
     """Puts inf into one of G's gradients at generator step 2, as G's backward accumulates it (before the
     guard's check, at the optimizer's step): the loss stays finite."""
 
@@ -215,7 +216,7 @@ def test_a_signal_saves_the_step_it_lands_in_and_the_run_resumes_from_it(tmp_pat
     assert int(torch.load(last, weights_only=True)["state_dict"]["counters.g_updates"]) == step + 2
 
 
-class Signal(Probe):
+class Signal(Observer):
     """Sends this process ``signum`` as generator step 2 starts and again, ``twice``, before its G update."""
 
     def __init__(self, signum: int, twice: bool):

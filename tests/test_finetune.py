@@ -28,7 +28,8 @@ from gan.data.datasets import build_dataset, population
 from gan.errors import ConfigError
 from gan.evaluation.metrics import class_balance
 from gan.run.load import load_module
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 FINETUNE = ["finetune.freeze_d=2", "finetune.freeze_g=[net.1]", "data.classes=[5,6,7,8,9]", "data.limit=100",
             "trainer.max_steps=6"]
@@ -194,7 +195,7 @@ def test_the_refusal_of_a_missing_init_from_names_what_to_give(tmp_path, capsys)
     assert "give a train.py run directory or one of its checkpoints/*.ckpt" in one_line(capsys)
 
 
-class MovesAFrozenWeight(Probe):
+class MovesAFrozenWeight(Observer):
     """Changes a frozen D weight before the second step, as an optimizer that held it would: what the audit must
     catch."""
 

@@ -17,7 +17,8 @@ from gan.core.health import CONDITIONS, HealthJudge, loss_ratio, separation, spr
 from gan.core.losses import LOSSES
 from gan.errors import UNHEALTHY
 from gan.training.health import FILE
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 
 def test_separation_is_half_for_alike_scores_and_one_for_scores_apart():
@@ -342,7 +343,7 @@ def test_off_data_and_partial_collapse_fire_on_networks_far_too_small_for_the_gr
     assert not {"d_wins", "d_memorises", "divergence"} & set(met)
 
 
-class IgnoreLabels(Probe):
+class IgnoreLabels(Observer):
     """Makes G ignore its labels: every class asked for reaches it as class 0."""
 
     def on_start(self, run):

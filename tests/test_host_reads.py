@@ -28,7 +28,8 @@ import torch
 from conftest import TINY, compose_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 LOG_EVERY = 3
 STEPS = 7
@@ -53,8 +54,9 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class CountPerStep(Probe):
-    """One HostReads per generator step, from its batch start to the next one's (callbacks included)."""
+class CountPerStep(Observer):
+    """One HostReads per generator step, from its batch start to the next one's, the last step's to its end (callbacks
+    included)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.mode: HostReads | None = None
@@ -80,8 +82,9 @@ class CountPerStep(Probe):
         self.mode = HostReads()
         self.mode.__enter__()
 
-    def on_end(self, *args: Any) -> None:
-        self.close()
+    def on_step_end(self, run: Any) -> None:
+        if run.module.counters.g == run.config["trainer"]["max_steps"]:  # the last step's window ends with it
+            self.close()
 
 
 RECIPES = {
@@ -128,7 +131,7 @@ def test_the_counter_sees_each_kind_of_read(monkeypatch):
     assert counter.per_step == [Counter(other=5)]
 
 
-class GPUProbes(Probe):
+class GPUProbes(Observer):
     """Counts NVML device queries (torch.cuda's ``_raw_device_count_nvml``) inside each training step."""
 
     def __init__(self) -> None:

@@ -10,14 +10,15 @@ from conftest import compose_config
 
 from gan.core.contexts import evaluating, frozen
 from gan.run.module import GANModule
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 
 def clone(tensors: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
     return {k: None if v is None else v.detach().clone() for k, v in tensors.items()}
 
 
-class Watch(Probe):
+class Watch(Observer):
     """Records G's and D's gradients and D's weights right before each optimizer step, and D's weights at the
     end of each generator step; ``prepare(module)`` runs once the module is built."""
 
@@ -45,7 +46,7 @@ class Watch(Probe):
         self.events.append({"opt": "end", "d_weights": clone(dict(run.module.D.named_parameters()))})
 
 
-def fit(tmp_path, steps: int, probes: list[Probe], *overrides: str) -> GANModule:
+def fit(tmp_path, steps: int, probes: list[Observer], *overrides: str) -> GANModule:
     """The real training loop on a tiny config, ``steps`` generator steps; the trained module."""
     return train(compose_config("debug=tiny", "audit=false", "trainer.enable_progress_bar=false",
                                 f"trainer.max_steps={steps}", *overrides, run_dir=tmp_path), probes=probes).module
@@ -89,7 +90,7 @@ def test_d_update_spares_g_and_g_update_spares_d(tmp_path, conditional):
     assert all(p.requires_grad for n, p in module.D.named_parameters() if n != "net.0.weight")
 
 
-class BatchLabels(Probe):
+class BatchLabels(Observer):
     """The labels of each batch the data hands the step; and G's own labels, from a forward pre-hook on G."""
 
     def __init__(self) -> None:

@@ -23,7 +23,8 @@ from gan.run.checkpoint import save_checkpoint
 from gan.run.legacy import upgrade_config
 from gan.run.load import load_module
 from gan.training.checkpoints import Checkpoints
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 from gan.training.resume import changes
 
 # Default model with EMA, ADA (adjusting every step so p really moves) and LeCam on; a constant learning rate,
@@ -309,7 +310,7 @@ def test_what_the_checkpoint_restores_is_refused_even_on_purpose_and_the_advice_
     assert saved["hyper_parameters"]["init_from"] == {"checkpoint": str(last.resolve()), "step": 6}
 
 
-class OptimizerOptions(Probe):
+class OptimizerOptions(Observer):
     """Whether G's and D's optimizers step fused, at the start of every generator step."""
 
     def __init__(self):

@@ -12,7 +12,8 @@ import torch
 from conftest import ROOT, compose_config, read_events
 
 from gan.core.phases import NAMES, PhaseTimer, StepPhases
-from gan.training.loop import Probe, train
+from gan.training.loop import train
+from gan.training.observer import Observer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (CUDA events, sync debug mode, pinned memory)")
@@ -35,14 +36,14 @@ def test_phase_timer_accumulates_and_collect_clears():
     assert timer.collect() == {}
 
 
-class Keep(Probe):
+class Keep(Observer):
     """Keeps the run a probe is given, to be read after training."""
 
     def on_start(self, run):
         self.run = run
 
 
-class Intervals(Probe):
+class Intervals(Observer):
     """The step timer's intervals as each generator step starts: those of every step before it, until collected."""
 
     def on_step_start(self, run, batch):
@@ -129,7 +130,7 @@ def test_a_training_step_on_cuda_never_waits_for_the_device(tmp_path, overrides)
     counted on any machine by tests/test_host_reads.py.)"""
     import warnings
 
-    class SyncDebug(Probe):
+    class SyncDebug(Observer):
         def on_step_start(self, *args):
             torch.cuda.set_sync_debug_mode("warn")
 
@@ -150,7 +151,7 @@ def test_a_training_step_on_cuda_never_waits_for_the_device(tmp_path, overrides)
 def test_tensor_datasets_are_indexed_on_the_gpu(tmp_path):
     devices = []
 
-    class Devices(Probe):
+    class Devices(Observer):
         def on_step_start(self, run, batch):
             devices.append(batch[0].device.type)
 
@@ -195,7 +196,7 @@ def test_the_step_benchmark_alternates_blocks_of_the_run_and_the_bare_loop(tmp_p
 
     order: list[str] = []
 
-    class Steps(Probe):
+    class Steps(Observer):
         def on_step_end(self, run):
             order.append("run")
 

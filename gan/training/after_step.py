@@ -1,9 +1,10 @@
 """What is due after a generator step (:func:`after_step`, which the loop calls): the step's scalars, read from the
-device in one transfer, and the health check's figures with them; the audit's end-of-step checks; and each output:
-a checkpoint, samples, metrics, the progress bar."""
+device in one transfer, and the health check's figures with them; then each observer: the audit's end-of-step
+checks, a checkpoint, samples, metrics, the progress bar, and a test's probes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,31 +16,22 @@ from gan.training.fabric_adapter import every_rank
 
 if TYPE_CHECKING:
     from gan.core.step import StepResult
+    from gan.training.observer import Observer
     from gan.training.state import Training
 
 
-def after_step(run: Training, result: StepResult, g: int, logged: bool, stop: bool) -> bool:
-    """What is due after generator step ``g``: its scalars (``logged``) and health check, the audit's end-of-step
-    checks, a checkpoint, samples, metrics, the progress bar. Returns whether the run stops here: ``stop`` (the
-    ranks agreed to), or its health check stopped it."""
-    module = run.module
-    if logged:
+def after_step(run: Training, result: StepResult, observers: Sequence[Observer]) -> None:
+    """What is due after a generator step: its scalars (where ``run.logged``) and health check, which may stop the
+    run (``run.stopping``), then each of ``observers``."""
+    if run.logged:
         run.guard.read()  # a bad update stops the run before it is logged
         log_step(run, result)
-        if run.health_due(g):  # rank 0's health check may stop the run: the ranks agree to stop here
+        if run.health_due(run.module.counters.g):  # rank 0's health check may stop the run: the ranks agree here
             ill = run.health is not None and run.health.stopped_by is not None
             run.health_stopped = agree_to_stop(run.fabric, ill)
-            stop = run.health_stopped or stop
-    if run.audit is not None:
-        run.audit.step_end()
-    run.checkpoints.after_step(g, stop)
-    run.samples.after_step(module)
-    if run.metrics is not None:
-        run.metrics.after_step(module)
-        run.last_metrics = run.metrics.last
-    if run.progress is not None:
-        run.progress.after_step(run.last_losses, logged)
-    return stop
+            run.stopping = run.health_stopped or run.stopping
+    for observer in observers:
+        observer.on_step_end(run)
 
 
 def log_step(run: Training, result: StepResult) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from gan.config.eval_settings import EvalSettings
@@ -45,16 +45,16 @@ log = logging.getLogger(__name__)
 
 def assemble(start: Start) -> state.Training:
     """Everything a run trains with, from its checked config, each piece in the order the next needs it: the host's
-    threads, the processes, the dataset, the networks (fine-tuned or new; a resume's refused here if they do not
-    fit), the batches from the run's generator step on, the networks' placement and optimizers, what watches the
-    step, and a resume's state put back."""
-    cfg = start.cfg
-    container = OmegaConf.to_container(cfg, resolve=True)
+    threads, the processes, the dataset, the networks (fine-tuned or new) placed with their optimizers (a resume's
+    refused first if they do not fit), the batches from the run's generator step on, what watches the step, and a
+    resume's state put back."""
+    # From here on the run reads its config as plain values, resolved once: a DictConfig read costs microseconds.
+    container = OmegaConf.to_container(start.cfg, resolve=True)
     prepare_host(container["train"]["threads"], container["trainer"]["devices"])
     fabric = build_fabric(container["trainer"], build_loggers(container.get("logger") or {}))
     fabric.launch()  # trainer=ddp on one node: starts the other ranks, each running this same command
-    fabric.seed_everything(cfg.seed, workers=True, verbose=False)
-    dataset = start.dataset if start.dataset is not None else build_dataset(container["data"], cfg.seed)
+    fabric.seed_everything(container["seed"], workers=True, verbose=False)
+    dataset = start.dataset if start.dataset is not None else build_dataset(container["data"], container["seed"])
     if start.fine_tuned is not None:  # fine-tuning: built by the checks from the run's seed, so built once
         torch.set_rng_state(start.fine_tuned.rng)  # the random stream where building them left it
         module, lines = start.fine_tuned.module, start.fine_tuned.lines
@@ -62,20 +62,15 @@ def assemble(start: Start) -> state.Training:
         # What G takes beside its noise, and which of the data's classes it trains on.
         condition = g_condition(container["model"], num_classes(dataset), container["data"].get("classes"))
         module, lines = build_module(container, data_shape(container["data"]), condition), []
-    if start.checkpoint is not None:  # a resume of other networks is refused before anything is placed or logged
-        check_fits(module, start.checkpoint, cfg.ckpt_path)
-    data = GANData(container["data"], dataset, container["loss"]["d_steps"], cfg.seed)
+    placed = place(fabric, container, module, lines, start.checkpoint)
+    data = GANData(container["data"], dataset, container["loss"]["d_steps"], container["seed"])
     # The batches from the run's generator step on (a resume's: its checkpoint's, which fits): their order is a
     # function of the seed and the step alone, drawn with a generator of their own.
     first = int(start.checkpoint["state_dict"]["counters.g_updates"]) if start.checkpoint is not None else 0
     loader = data.loader(first, fabric.global_rank, fabric.world_size, fabric.device)
-    if fabric.is_global_zero:
-        for line in lines:
-            log.info(line)
-    placed = place(fabric, cfg, container, module)
     # ``run`` is bound below: a checkpoint is written only once the steps run.
-    watching = observe(fabric, cfg, data, placed, lambda path: state.write_checkpoint(run, path))
-    run = state.Training(cfg=cfg, container=container, fabric=fabric, data=data, loader=loader, **placed, **watching)
+    watching = observe(fabric, container, data, placed, lambda path: state.write_checkpoint(run, path))
+    run = state.Training(config=container, fabric=fabric, data=data, loader=loader, **placed, **watching)
     if start.checkpoint is not None:  # a resume: the state the checkpoint holds, put back into what was built
         state.resume(run, start.checkpoint, start.changes)
     state.separate_rank_streams(fabric.global_rank)  # last: each rank's own random streams
@@ -93,17 +88,23 @@ def build_fabric(trainer: dict[str, Any], loggers: list[Any]) -> Fabric:
                   strategy=strategy, precision=trainer["precision"], loggers=loggers)
 
 
-def place(fabric: Fabric, cfg: DictConfig, container: dict[str, Any], module: GANModule) -> dict[str, Any]:
+def place(fabric: Fabric, config: dict[str, Any], module: GANModule, lines: list[str],
+          checkpoint: dict[str, Any] | None) -> dict[str, Any]:
     """The networks on their device in their precision, their optimizers, and G and D as the step runs them: the
-    :class:`~gan.training.state.Training` fields of those names."""
+    :class:`~gan.training.state.Training` fields of those names. First, a resume's ``checkpoint`` of other networks
+    is refused, before anything is placed or logged; then what was built is logged (``lines``: fine-tuning's)."""
+    if checkpoint is not None:
+        check_fits(module, checkpoint, config["ckpt_path"])
     if fabric.is_global_zero:
+        for line in lines:
+            log.info(line)
         log.info(f"networks:\n{describe_networks(module)}")
-        if warning := slow_bf16_warning(fabric.device, str(cfg.trainer.precision)):
+        if warning := slow_bf16_warning(fabric.device, str(config["trainer"]["precision"])):
             log.warning(warning)
-    if cfg.trainer.get("sync_batchnorm", False):  # trainer=ddp's key
+    if config["trainer"].get("sync_batchnorm", False):  # trainer=ddp's key
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
     module = placed(fabric, module)
-    optimizers, schedules = build_optimizers(module, container["optim"], cfg.trainer.max_steps)
+    optimizers, schedules = build_optimizers(module, config["optim"], config["trainer"]["max_steps"])
     scaler = loss_scaler(fabric)
     return {"module": module, "optimizers": optimizers, "schedules": schedules, "scaler": scaler,
             # Under float16 the optimizers step through the scaler (unscale, skip a non-finite step, update the scale).
@@ -113,29 +114,33 @@ def place(fabric: Fabric, cfg: DictConfig, container: dict[str, Any], module: GA
             "G": wrapped(fabric, module.G), "D": wrapped(fabric, module.D)}
 
 
-def observe(fabric: Fabric, cfg: DictConfig, data: GANData, placed: dict[str, Any],
+def observe(fabric: Fabric, config: dict[str, Any], data: GANData, placed: dict[str, Any],
             write: Callable[[Path], None]) -> dict[str, Any]:
     """What watches the step, each attached once: the phase record (which the timer, the guard, the audit and the
     pictures read), the non-finite guard and the audit (on the optimizers' steps), and the run's outputs
     (checkpoints written by ``write``): the :class:`~gan.training.state.Training` fields of those names."""
     module, optimizers, scaler = placed["module"], placed["optimizers"], placed["scaler"]
-    run_dir, zero, d_steps = Path(cfg.paths.run_dir), fabric.is_global_zero, cfg.loss.d_steps
+    timing, trainer, health, data_name = config["timing"], config["trainer"], config["health"], config["data"]["name"]
+    run_dir, zero, d_steps, max_steps = (Path(config["paths"]["run_dir"]), fabric.is_global_zero,
+                                         config["loss"]["d_steps"], trainer["max_steps"])
     loggers = fabric.loggers if zero else []
-    timer = PhaseTimer(cfg.timing.enabled, cfg.timing.sync, fabric.device)
+    timer = PhaseTimer(timing["enabled"], timing["sync"], fabric.device)
     phases = StepPhases(timer)
-    phases.profiled = cfg.trainer.profiler == "pytorch"  # each phase a labelled range in its traces
-    guard = NonFiniteGuard(cfg.train.skip_nonfinite, module.counters, d_steps, scaler,
+    phases.profiled = trainer["profiler"] == "pytorch"  # each phase a labelled range in its traces
+    guard = NonFiniteGuard(config["train"]["skip_nonfinite"], module.counters, d_steps, scaler,
                            lambda ok: every_rank(fabric, ok, all=True))
     for optimizer in optimizers:  # before the audit's hooks: the audit sees the guard's verdict
         optimizer.register_step_pre_hook(lambda o, args, kwargs: guard.judge(o, phases.network, phases.d_step))
-    audit = AutogradAudit(module, *optimizers, phases, d_steps, scaler) if cfg.audit else None
+    audit = AutogradAudit(module, *optimizers, phases, d_steps, scaler) if config["audit"] else None
     points = is_points(module.data_shape)
-    real_points, means = (real_points_for_plot(data.dataset), mixture_means(cfg.data.name)) if points else (None, None)
-    settings = EvalSettings.from_config(cfg.eval, cfg.data.name)
+    real_points, means = (real_points_for_plot(data.dataset), mixture_means(data_name)) if points else (None, None)
+    settings = EvalSettings.from_config(config["eval"], data_name)
     # The outputs: pictures, metrics, the progress bar (outputs.py), then checkpoints, timing, profiling, health.
-    samples = Samples(cfg.log.sample_every, run_dir / "samples", summary_writer(loggers), zero, real_points, means)
-    metrics = Metrics(cfg.eval.every, settings, cfg.seed, loggers) if cfg.eval.every and zero else None
-    progress = Progress(cfg.trainer.max_steps) if cfg.trainer.enable_progress_bar and zero else None
+    samples = Samples(config["log"]["sample_every"], run_dir / "samples", summary_writer(loggers), zero,
+                      real_points, means)
+    every_eval = config["eval"]["every"]
+    metrics = Metrics(every_eval, settings, config["seed"], loggers) if every_eval and zero else None
+    progress = Progress(max_steps) if trainer["enable_progress_bar"] and zero else None
     # What sees each backward: the guard (the loss it judges), the audit, the pictures of the autograd graph.
     watchers = [w for w in (guard, audit, samples) if w is not None]
 
@@ -147,19 +152,18 @@ def observe(fabric: Fabric, cfg: DictConfig, data: GANData, placed: dict[str, An
         else:
             loss.backward()
 
-    health = cfg.health
     return {
         "timer": timer, "phases": phases, "guard": guard, "audit": audit, "backward": backward, "samples": samples,
         "metrics": metrics, "progress": progress,
-        "checkpoints": Checkpoints(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, write, zero,
-                                   lambda: kill_other_ranks(fabric)),
-        "step_timer": (StepTimer(timer, cfg.data.batch_size * fabric.world_size, loggers)
-                       if cfg.timing.enabled else None),
-        "profiler": build_profiler(cfg.trainer.profiler, run_dir, fabric.local_rank),
-        "health": (HealthWatch(health.action, HealthJudge(judging_start(health.start, cfg.trainer.max_steps),
-                                                          health.patience),
-                               health.examples, settings, cfg.trainer.max_steps, health.every, run_dir,
-                               summary_writer(loggers)) if health.enabled and zero else None),
+        "checkpoints": Checkpoints(run_dir / "checkpoints", config["checkpoint"]["every"], config["checkpoint"]["keep"],
+                                   write, zero, lambda: kill_other_ranks(fabric)),
+        "step_timer": (StepTimer(timer, config["data"]["batch_size"] * fabric.world_size, loggers)
+                       if timing["enabled"] else None),
+        "profiler": build_profiler(trainer["profiler"], run_dir, fabric.local_rank),
+        "health": (HealthWatch(health["action"], HealthJudge(judging_start(health["start"], max_steps),
+                                                             health["patience"]),
+                               health["examples"], settings, max_steps, health["every"], run_dir,
+                               summary_writer(loggers)) if health["enabled"] and zero else None),
     }
 
 

@@ -36,6 +36,7 @@ from torch.optim import Optimizer
 
 from gan.core.audit import AuditError, Snapshot
 from gan.core.phases import StepPhases
+from gan.training.observer import ObservedRun, Observer
 
 
 def grad_versions(parameters: list[tuple[str, Tensor]]) -> dict[str, tuple[Tensor, int] | None]:
@@ -71,13 +72,14 @@ def expected_to_change(D: nn.Module) -> set[str]:
     return names
 
 
-class AutogradAudit:
+class AutogradAudit(Observer):
     """Checks the detach / freeze split of every D and G update of a :class:`~gan.run.module.GANModule` trained with the
     optimizers ``opt_g`` and ``opt_d``. Which update a backward or an optimizer step belongs to is read
     from the step's own record of its phases (``phases``: gan/core/phases.py), not guessed; ``d_steps``: D's
-    updates per generator step (loss.d_steps). ``scaler``: float16's GradScaler, or None. The loop calls
-    :meth:`at_start` once, then :meth:`step_start`, :meth:`before_backward` and :meth:`step_end`; the optimizers'
-    step hooks and G's and D's forward pre-hooks, registered here, do the rest, and :meth:`close` removes them."""
+    updates per generator step (loss.d_steps). ``scaler``: float16's GradScaler, or None. An observer of the run
+    (gan/training/observer.py): :meth:`on_start` once, then :meth:`on_step_start`, :meth:`before_backward` and
+    :meth:`on_step_end` each step; the optimizers' step hooks and G's and D's forward pre-hooks, registered here, do
+    the rest, and :meth:`on_close` removes them."""
 
     def __init__(self, module: Any, opt_g: Optimizer, opt_d: Optimizer, phases: StepPhases, d_steps: int,
                  scaler: Any = None):
@@ -104,18 +106,19 @@ class AutogradAudit:
         # forward: the optimizer's step hook sits there.
         self.hooks = [
             *(o.register_step_pre_hook(lambda opt, args, kw: self.before_step(opt)) for o in (opt_g, opt_d)),
-            *(o.register_step_post_hook(lambda opt, args, kw: self.after_step(opt, kw)) for o in (opt_g, opt_d)),
+            *(o.register_step_post_hook(lambda opt, args, kw: self.after_optimizer_step(opt, kw))
+              for o in (opt_g, opt_d)),
             *(getattr(module, n).register_forward_pre_hook(self.in_train_mode(n)) for n in "GD"),
         ]
 
-    def at_start(self) -> None:
+    def on_start(self, run: ObservedRun) -> None:
         """As the steps start, the references kept across updates are those the run trains from (a resume's, put
         back after the audit was attached): the frozen weights and D's state. (Each network's weights are taken
         again before each of its updates.)"""
         self.frozen_weights.take(self.frozen)
         self.d_state.take(self.d_kept)
 
-    def close(self) -> None:
+    def on_close(self, run: ObservedRun, status: str) -> None:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
@@ -161,7 +164,7 @@ class AutogradAudit:
         # to apply); the smallest first, which nearly always answers at once.
         self.has_gradient = any(bool(p.grad.any()) for p in self.by_size[network] if p.grad is not None)
 
-    def after_step(self, optimizer: Any, kwargs: dict[str, Any]) -> None:
+    def after_optimizer_step(self, optimizer: Any, kwargs: dict[str, Any]) -> None:
         network = self.network_of(optimizer)
         self.steps[network] += 1
         self.check_frozen(network)
@@ -189,7 +192,7 @@ class AutogradAudit:
                 raise AuditError(f"{name}.requires_grad is {p.requires_grad} after the {network} update, "
                                  f"{self.flags[name]} before: freezing D for G's update must restore each flag")
 
-    def step_start(self) -> None:
+    def on_step_start(self, run: ObservedRun, batch: Any) -> None:
         self.steps = {"G": 0, "D": 0}
 
     def before_backward(self, loss: Tensor, network: str) -> None:
@@ -212,7 +215,7 @@ class AutogradAudit:
             raise AuditError(f"G update gave D.{changed} a gradient: D must be frozen during the G update")
         require_gradients(self.named["G"], "G", ": the G loss must reach every weight of G through the undetached fake")
 
-    def step_end(self) -> None:
+    def on_step_end(self, run: ObservedRun) -> None:
         expected = {"D": self.d_steps, "G": 1}
         for network, count in expected.items():
             # float16's GradScaler does not call an optimizer that takes no found_inf when it skips its step.

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gan.errors import StoppedAtOnce
+from gan.training.observer import ObservedRun, Observer
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ PERIODIC = re.compile(r"step_(\d+)\.ckpt")
 STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1"}
 
 
-class Checkpoints:
+class Checkpoints(Observer):
     """``checkpoints/step_NNNNNN.ckpt`` every ``every`` generator steps, of which the newest ``keep`` stay
     (0: all); ``last.ckpt`` then, at the end, and when a signal stops the run. ``write(path)`` writes the
     training state to a file (the loop's, through gan/files.py's atomic writing).
@@ -75,7 +76,7 @@ class Checkpoints:
         for old in sorted(s for s in periodic if s <= step)[:-self.keep]:
             periodic[old].unlink(missing_ok=True)
 
-    def at_start(self) -> None:
+    def on_start(self, run: ObservedRun) -> None:
         """The stopping signals caught from the first step on."""
         if threading.current_thread() is threading.main_thread():  # the only thread signal handlers run in
             self.previous_handlers = {signum: signal.signal(signum, self.request_stop) for signum in STOPPING}
@@ -102,13 +103,16 @@ class Checkpoints:
                 signal.signal(signum, handler)
         self.previous_handlers = {}
 
-    def after_step(self, step: int, stop: bool) -> bool:
-        """Save what is due at generator step ``step``; ``stop``: the ranks agreed to stop here. True: stop."""
-        if step % self.every == 0 or stop:
+    def on_step_end(self, run: ObservedRun) -> None:
+        """Save what is due at this generator step: a periodic checkpoint, or last.ckpt where the run stops here."""
+        step = run.module.counters.g
+        if step % self.every == 0 or run.stopping:
             self.save(step, periodic=step % self.every == 0)
-        self.interrupted = stop
-        return stop
+        self.interrupted = run.stopping
 
-    def at_end(self, step: int) -> None:
-        if step != self.saved_step:
-            self.save(step, periodic=False)
+    def on_end(self, run: ObservedRun) -> None:
+        if run.module.counters.g != self.saved_step:
+            self.save(run.module.counters.g, periodic=False)
+
+    def on_close(self, run: ObservedRun, status: str) -> None:
+        self.restore_handlers()

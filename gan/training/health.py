@@ -26,10 +26,10 @@ from gan.core.contexts import evaluating
 from gan.core.health import BY_NAME, CONDITIONS, Event, HealthJudge, loss_ratio, separation, spread
 from gan.evaluation.metrics import ReferenceSpace, knn_radii, precision_coverage, reference_space
 from gan.files import atomic_write
+from gan.training.observer import ObservedRun, Observer
 
 if TYPE_CHECKING:
     from gan.core.step import StepResult
-    from gan.data.loader import GANData
     from gan.run.module import GANModule
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def fixed_set(dataset: Dataset, count: int, seed: int, after: int = 0) -> tuple[
     return torch.stack([x for x, _ in examples]), torch.tensor([int(y) for _, y in examples])
 
 
-class HealthWatch:
+class HealthWatch(Observer):
     """The health of one run, checked by rank 0 for every rank (they hold the same networks) at the steps the loop
     says: ``action`` (``warn`` or ``stop``), the judge of its conditions, how many examples each fixed set holds
     (``count``), the metrics' settings (which name the reference feature space and its cache), how long the run
@@ -73,11 +73,12 @@ class HealthWatch:
         self.radii: Tensor | None = None
         self.floors: dict[str, Tensor] = {}  # what real data apart from the reference scores: fit, coverage, labels
 
-    def at_start(self, module: GANModule, data: GANData) -> None:
+    def on_start(self, run: ObservedRun) -> None:
         """The fixed sets, on the run's device: training images, and images D never trains on (the data's held-out
         ones, where it has some); the real images' spread, which the samples' is measured against; the reference
         space, two sets of the data's population in it (one to compare with, one for the floor: what real data
         itself scores)."""
+        module, data = run.module, run.data
         dataset, held, seed = data.dataset, data.held_out(), data.seed
         device, dtype = module.device, next(module.D.parameters()).dtype  # as D's weights: bf16-true has bf16 ones
         self.trained = on_device(fixed_set(dataset, self.count, seed), device, dtype)
@@ -178,8 +179,9 @@ class HealthWatch:
                 "memorisation_watched": self.held is not None, "stopped_by": self.stopped_by and
                 self.stopped_by.condition}
 
-    def at_end(self, step: int) -> None:
+    def on_end(self, run: ObservedRun) -> None:
         """The conditions met, to ``<run>/health.json`` and TensorBoard's text."""
+        step = run.module.counters.g
         summary = self.summary()
         atomic_write(self.run_dir / FILE, lambda f: f.write((json.dumps(summary, indent=2) + "\n").encode()))
         if self.writer is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -22,25 +21,17 @@ from gan.training.assemble import assemble
 from gan.training.checks import Start, check_before_writing, check_writable
 from gan.training.fabric_adapter import kill_other_ranks
 from gan.training.host import launched_by
+from gan.training.observer import Observer
 from gan.training.run_end import at_end, close, finish
 from gan.training.state import Training
 
 
-class Probe:
-    """What a test or a benchmark watches a run with (``train(cfg, probes=[...])``); the run's own outputs
-    are called by the loop itself. Each method is called where its name says; all do nothing here."""
-
-    def on_start(self, run: Training) -> None: ...
-    def on_step_start(self, run: Training, batch: Any) -> None: ...
-    def on_step_end(self, run: Training) -> None: ...
-    def on_end(self, run: Training) -> None: ...
-
-
-def train(cfg: DictConfig, probes: Sequence[Probe] = (), start: Start | None = None) -> Training:
+def train(cfg: DictConfig, probes: Sequence[Observer] = (), start: Start | None = None) -> Training:
     """Train the GAN described by ``cfg`` (composed from configs/train.yaml); returns the run: its ``module``, and
-    the last logged losses and metrics in ``last_losses`` and ``last_metrics``. ``start``: the checks of ``cfg``
-    made before anything was written (gan/training/checks.py), or None to make them now. The run directory is held
-    while it trains: another process that would write there is refused (gan/run/hold.py)."""
+    the last logged losses and metrics in ``last_losses`` and ``last_metrics``. ``probes``: what a test or a
+    benchmark watches the run with, told after the run's own outputs (gan/training/observer.py). ``start``: the
+    checks of ``cfg`` made before anything was written (gan/training/checks.py), or None to make them now. The run
+    directory is held while it trains: another process that would write there is refused (gan/run/hold.py)."""
     run_dir = Path(cfg.paths.run_dir)
     check_writable(run_dir)
     threads = torch.get_num_threads()
@@ -79,31 +70,33 @@ def returned_metric(run: Training, name: str) -> float:
 
 # --- the generator steps --------------------------------------------------------------------------------------
 
-def run_steps(run: Training, probes: Sequence[Probe]) -> None:
+def run_steps(run: Training, probes: Sequence[Observer]) -> None:
     """Generator steps from the module's counter to ``trainer.max_steps``, each followed by what is due after it,
-    until the last or a signal; the outputs at the end."""
-    fabric, module, phases, cfg = run.fabric, run.module, run.phases, run.cfg
+    until the last or a signal; the outputs at the end. Each observer (the run's outputs, then ``probes``) is told
+    of each."""
+    fabric, module, phases, config = run.fabric, run.module, run.phases, run.config
     batches = iter(run.loader)  # data workers, where the run has them, start here
     to_device = (lambda batch: batch) if run.data.in_memory else fabric.to_device  # in-memory data is there already
     # Under DDP every rank must stop at the same step: agreed once per logging window, the one place a
     # step reads from the device anyway; on one process the request is read at every step, for nothing.
-    agree_every = cfg.log.every if fabric.world_size > 1 else 1
-    max_steps, log_every = cfg.trainer.max_steps, cfg.log.every  # plain ints: a config read costs microseconds
+    log_every, max_steps = config["log"]["every"], config["trainer"]["max_steps"]
+    agree_every = log_every if fabric.world_size > 1 else 1
     images = run.batch_size * fabric.world_size  # real images a generator step takes, over all processes
+    observers, clock = [*run.observers, *probes], run.step_timer
     status = "failed"
     try:
-        at_start(run)
-        for probe in probes:
-            probe.on_start(run)
-        stop = False
-        while module.counters.g < max_steps and not stop:
+        for logger in run.loggers:
+            logger.log_hyperparams(module.hparams)
+        for observer in observers:
+            observer.on_start(run)
+        if clock is not None:  # last: its clock starts with the steps
+            clock.on_start(run)
+        while module.counters.g < max_steps and not run.stopping:
             with phases.phase("data"):
                 batch = next(batches)
-                for probe in probes:
-                    probe.on_step_start(run, batch)
+                for observer in observers:
+                    observer.on_step_start(run, batch)
                 batch = to_device(batch)
-            if run.audit is not None:
-                run.audit.step_start()
             with run.profiler.profile("generator_step"), run.autocast():
                 result = run_step(run, batch)
                 with phases.phase("statistics"):
@@ -112,47 +105,21 @@ def run_steps(run: Training, probes: Sequence[Probe]) -> None:
                         schedule.step()
             g = module.counters.g
             if g % agree_every == 0:
-                stop = agree_to_stop(fabric, run.checkpoints.stop_requested)
+                run.stopping = agree_to_stop(fabric, run.checkpoints.stop_requested)
             # The last step logs too: a run shorter than log.every, or stopped between logging steps, ends logged;
             # a health check reads its figures with a logging step's scalars.
-            logged = g % log_every == 0 or g == max_steps or stop or run.health_due(g)
+            run.logged = g % log_every == 0 or g == max_steps or run.stopping or run.health_due(g)
             with phases.phase("callbacks"):
-                stop = after_step(run, result, g, logged, stop)
-                for probe in probes:
-                    probe.on_step_end(run)
-            if run.step_timer is not None:  # after the callbacks: their time is in this window
-                run.step_timer.after_step(g, logged)
-        for probe in probes:
-            probe.on_end(run)
-        at_end(run)
+                after_step(run, result, observers)
+            if clock is not None:  # after the callbacks' phase: their time is in this window
+                clock.on_step_end(run)
+        at_end(run, observers)
         status = "success"
     except BaseException:
         kill_other_ranks(fabric)  # a rank that failed alone would leave the others waiting in a collective
         raise
     finally:
-        close(run, status)
-
-
-def at_start(run: Training) -> None:
-    """Before the first step, each output started the same way: the hyper-parameters logged, the first samples, the
-    metrics' and the health check's references, the audit's record of the frozen weights, the progress bar, the
-    signal handlers, the clocks."""
-    module = run.module
-    for logger in run.loggers:
-        logger.log_hyperparams(module.hparams)
-    if run.zero:
-        run.samples.at_start(module)
-    if run.metrics is not None:
-        run.metrics.at_start(module, run.data)
-    if run.health is not None:
-        run.health.at_start(module, run.data)
-    if run.audit is not None:
-        run.audit.at_start()
-    if run.progress is not None:
-        run.progress.at_start(module)
-    run.checkpoints.at_start()
-    if run.step_timer is not None:
-        run.step_timer.at_start()
+        close(run, observers, status)
 
 
 def run_step(run: Training, batch: tuple[Tensor, Tensor]) -> step.StepResult:

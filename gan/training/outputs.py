@@ -1,6 +1,6 @@
-"""What a training run writes while it trains besides its checkpoints (gan/training/checkpoints.py), each output a
-small object told when a run starts and after each generator step: pictures (samples, the G loss's autograd graph),
-in-training metrics, the progress bar. Each counts generator steps (``module.counters.g``)."""
+"""What a training run writes while it trains besides its checkpoints (gan/training/checkpoints.py), each output an
+observer of the run (gan/training/observer.py): pictures (samples, the G loss's autograd graph), in-training
+metrics, the progress bar. Each counts generator steps (``module.counters.g``)."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ from gan.evaluation.graphs import ForwardRecorder, dot_path, picture
 from gan.evaluation.metrics import ImageMetrics, MixtureMetrics, build_metrics, scalars
 from gan.evaluation.pictures import DASHBOARD_LAYOUT, render_samples, write_hparams
 from gan.evaluation.sampling import sample_and_score
+from gan.training.observer import ObservedRun, Observer
 
 if TYPE_CHECKING:
-    from gan.data.loader import GANData
     from gan.run.module import GANModule
 
 log = logging.getLogger(__name__)
 
 
-class Samples:
+class Samples(Observer):
     """Every ``every`` G steps and at the end: the fixed noise batch's samples to ``samples/`` and TensorBoard
     (``writer``: the run's SummaryWriter, None without one or on ranks > 0, which draw nothing).
 
@@ -48,7 +48,8 @@ class Samples:
         self.last_step = -1
         self.recorder: ForwardRecorder | None = None  # watches G and D during a fresh run's first step
 
-    def at_start(self, module: GANModule) -> None:
+    def on_start(self, run: ObservedRun) -> None:
+        module = run.module
         if self.writer is None:
             return
         self.writer.add_custom_scalars(DASHBOARD_LAYOUT)
@@ -70,13 +71,13 @@ class Samples:
         self.writer.add_image(self.GRAPH_TAG, picture([graph], "The autograd graph of the G loss, first training step"),
                               0, dataformats="HWC")
 
-    def after_step(self, module: GANModule) -> None:
-        if module.counters.g % self.every == 0:
-            self.draw(module)
+    def on_step_end(self, run: ObservedRun) -> None:
+        if run.module.counters.g % self.every == 0:
+            self.draw(run.module)
 
-    def at_end(self, module: GANModule) -> None:
-        if module.counters.g != self.last_step:
-            self.draw(module)
+    def on_end(self, run: ObservedRun) -> None:
+        if run.module.counters.g != self.last_step:
+            self.draw(run.module)
 
     def draw(self, module: GANModule) -> None:
         step = module.counters.g
@@ -95,7 +96,7 @@ def own_rng(device: torch.device) -> AbstractContextManager[Any]:
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
 
 
-class Metrics:
+class Metrics(Observer):
     """Every ``every`` generator steps: the metrics of fresh samples, to every logger as ``metrics/*``.
 
     Measured on rank 0 only (``loggers`` is empty elsewhere); the noise is the same at every evaluation
@@ -105,14 +106,15 @@ class Metrics:
     def __init__(self, every: int, settings: EvalSettings, seed: int, loggers: list[Logger]):
         self.every, self.settings, self.seed, self.loggers = every, settings, seed, loggers
         self.metrics: MixtureMetrics | ImageMetrics | None = None
-        self.last: dict[str, float] = {}  # the last evaluation's metrics/*, as logged (the numbers gan.train returns)
 
-    def at_start(self, module: GANModule, data: GANData) -> None:
+    def on_start(self, run: ObservedRun) -> None:
         # Built once the module sits on its device; a first run on image data trains the classifier here.
+        module, data = run.module, run.data
         with own_rng(module.device):  # e.g. building a cached classifier initialises weights
             self.metrics = build_metrics(data.cfg, data.population(), self.settings, module.device)
 
-    def after_step(self, module: GANModule) -> None:
+    def on_step_end(self, run: ObservedRun) -> None:
+        module = run.module
         step = module.counters.g
         if step % self.every:
             return
@@ -121,27 +123,27 @@ class Metrics:
         logged = scalars(values)
         if module.audit:
             check_plain_numbers(logged)
-        self.last = logged
+        run.last_metrics = logged  # what gan.train returns
         for logger in self.loggers:
             logger.log_metrics(logged, step=step)
 
 
-class Progress:
+class Progress(Observer):
     """A bar of generator steps out of ``trainer.max_steps``, with the last logged losses."""
 
     def __init__(self, total: int):
         self.total = total
         self.bar: tqdm | None = None
 
-    def at_start(self, module: GANModule) -> None:
+    def on_start(self, run: ObservedRun) -> None:
         # Made as the steps start, from the run's generator step (a resume's): its clock times steps alone.
-        self.bar = tqdm(total=self.total, initial=module.counters.g, desc="generator steps", dynamic_ncols=True)
+        self.bar = tqdm(total=self.total, initial=run.module.counters.g, desc="generator steps", dynamic_ncols=True)
 
-    def after_step(self, losses: dict[str, float], logged: bool) -> None:
+    def on_step_end(self, run: ObservedRun) -> None:
         self.bar.update(1)
-        if logged:
-            self.bar.set_postfix({k: f"{v:.3g}" for k, v in losses.items()}, refresh=False)
+        if run.logged:
+            self.bar.set_postfix({k: f"{v:.3g}" for k, v in run.last_losses.items()}, refresh=False)
 
-    def close(self) -> None:
+    def on_close(self, run: ObservedRun, status: str) -> None:
         if self.bar is not None:
             self.bar.close()

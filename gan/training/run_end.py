@@ -5,36 +5,35 @@ from __future__ import annotations
 
 import logging
 import shlex
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gan.core import snapshot
 from gan.errors import Interrupted, Unhealthy
 
 if TYPE_CHECKING:
+    from gan.training.observer import Observer
     from gan.training.state import Training
 
 log = logging.getLogger(__name__)
 
 
-def at_end(run: Training) -> None:
-    """After the last step: last.ckpt, the last samples, the generator's snapshot."""
+def at_end(run: Training, observers: Sequence[Observer]) -> None:
+    """After the last step: what each of ``observers`` writes at the end (last.ckpt, the last samples,
+    health.json), and the generator's snapshot."""
     run.guard.read()
-    run.checkpoints.at_end(run.module.counters.g)
-    run.samples.at_end(run.module)
+    for observer in observers:
+        observer.on_end(run)
     if run.zero:
         generator = run.module.snapshot()  # the EMA generator where there is one, with what it needs to sample
         snapshot.save_snapshot(run.run_dir / snapshot.FILE, generator)
-    if run.health is not None:
-        run.health.at_end(run.module.counters.g)
 
 
-def close(run: Training, status: str) -> None:
-    """However the steps ended: the signal handlers, the audit's hooks, the progress bar, the profiler, the loggers."""
-    run.checkpoints.restore_handlers()
-    if run.audit is not None:
-        run.audit.close()
-    if run.progress is not None:
-        run.progress.close()
+def close(run: Training, observers: Sequence[Observer], status: str) -> None:
+    """However the steps ended: each of ``observers`` closed (the signal handlers, the audit's hooks, the progress
+    bar), the profiler, the loggers."""
+    for observer in observers:
+        observer.on_close(run, status)
     run.profiler.describe()
     for logger in run.loggers:
         logger.finalize(status)

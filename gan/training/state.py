@@ -27,11 +27,11 @@ from gan.core.models import FourierFeatures
 from gan.run.checkpoint import save_checkpoint
 from gan.run.module import GANModule
 from gan.training.fabric_adapter import load_precision_state, precision_state
+from gan.training.observer import Observer
 from gan.training.resume import Change
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
-    from omegaconf import DictConfig
 
     from gan.core.phases import PhaseTimer, StepPhases
     from gan.data.loader import GANData
@@ -49,8 +49,7 @@ log = logging.getLogger(__name__)
 class Training:
     """One run as the loop holds it: every part declared here, built once by gan/training/assemble.py."""
 
-    cfg: DictConfig
-    container: dict[str, Any]  # the same config, as plain values
+    config: dict[str, Any]  # the checked config as plain values, resolved once: a DictConfig read costs microseconds
     fabric: Fabric
     data: GANData
     loader: Iterable[tuple[Tensor, Tensor]]  # the batches from the run's generator step on (the loop draws them)
@@ -74,15 +73,18 @@ class Training:
     progress: Progress | None  # the progress bar, rank 0
     profiler: Any
     health: HealthWatch | None  # health.enabled, rank 0
+    # The step the loop is at, as the observers read it: whether it logged its scalars, and whether the run stops.
+    logged: bool = False
+    stopping: bool = False
     # What the run logged last: loss/d and loss/g, and the last evaluation's metrics/*.
     last_losses: dict[str, float] = field(default_factory=dict)
     last_metrics: dict[str, float] = field(default_factory=dict)
     health_stopped: bool = False  # the ranks agreed to stop for rank 0's health check
 
-    # What the step reads each time, as plain values read once: a config read costs microseconds.
+    # What the loop and the outputs read of the run, named once.
     @cached_property
     def run_dir(self) -> Path:
-        return Path(self.cfg.paths.run_dir)
+        return Path(self.config["paths"]["run_dir"])
 
     @cached_property
     def zero(self) -> bool:
@@ -94,16 +96,24 @@ class Training:
 
     @cached_property
     def d_steps(self) -> int:
-        return self.cfg.loss.d_steps
+        return self.config["loss"]["d_steps"]
 
     @cached_property
     def batch_size(self) -> int:
-        return self.cfg.data.batch_size
+        return self.config["data"]["batch_size"]
 
     @cached_property
     def health_every(self) -> int:
         """Generator steps between health checks (0: none); every rank's, though rank 0 alone checks."""
-        return self.cfg.health.every if self.cfg.health.enabled else 0
+        health = self.config["health"]
+        return health["every"] if health["enabled"] else 0
+
+    @cached_property
+    def observers(self) -> list[Observer]:
+        """The run's outputs, in the order each is told: the audit's checks of the step first. (The step timer,
+        which times them, is told apart, after them: gan/training/loop.py.)"""
+        return [o for o in (self.audit, self.checkpoints, self.samples, self.metrics, self.health, self.progress)
+                if o is not None]
 
     def health_due(self, step: int) -> bool:
         """Whether generator step ``step`` is a health check's (a logging step, on every rank)."""
@@ -138,14 +148,14 @@ def resume(run: Training, checkpoint: dict[str, Any], found: list[Change]) -> No
     resume changes (``found``): the module's state, the optimizers' and schedules' with this config's rates, the
     loss scale, the health check's conditions and streaks, the record of a fine-tuning run's start, and the random
     streams."""
-    restore_module(run.module, checkpoint, run.container, found)
+    restore_module(run.module, checkpoint, run.config, found)
     if (record := checkpoint["hyper_parameters"].get("init_from")) is not None:  # never read init_from again
         run.module.hparams["init_from"] = record
     for optimizer, state in zip(run.optimizers, checkpoint["optimizer_states"]):
         optimizer.load_state_dict(state)
     for schedule, state in zip(run.schedules, checkpoint.get("lr_schedulers", [])):
         schedule.load_state_dict(state)
-    apply_on_resume(run.container["optim"], run.optimizers, run.schedules)  # this config's, not the checkpoint's
+    apply_on_resume(run.config["optim"], run.optimizers, run.schedules)  # this config's, not the checkpoint's
     load_precision_state(run.fabric, checkpoint.get("precision", {}))
     if run.health is not None and checkpoint.get("health"):  # the conditions met so far, and their streaks
         run.health.judge.load_state_dict(checkpoint["health"])

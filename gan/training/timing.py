@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from gan.core.phases import NAMES, PhaseTimer
+from gan.training.observer import ObservedRun, Observer
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -40,7 +41,7 @@ def peak_memory_mb(device: torch.device) -> float:
     return kib / (2**20 if sys.platform == "darwin" else 2**10)  # bytes on macOS, KiB on Linux
 
 
-class StepTimer:
+class StepTimer(Observer):
     """Logs every phase's mean over each window of steps up to a logged one (every ``log.every`` and the last) as
     ``time/<phase>_ms``, with ``perf/g_steps_per_s``, ``perf/images_per_s`` (``images_per_step``: over all
     processes) and ``perf/peak_memory_mb``, to ``loggers`` (rank 0's; empty on other ranks). ``timer``: the
@@ -50,16 +51,16 @@ class StepTimer:
         self.timer, self.images_per_step, self.loggers = timer, images_per_step, loggers
         self.window_start, self.window_steps = 0.0, 0
 
-    def at_start(self) -> None:
+    def on_start(self, run: ObservedRun) -> None:
         self.timer.collect()  # drop anything from before training
         self.window_start, self.window_steps = time.perf_counter(), 0
 
-    def after_step(self, step: int, logged: bool) -> None:
-        """After generator step ``step`` and its callbacks; ``logged``: the loop logged its scalars, and the
-        window closes."""
-        timer = self.timer
+    def on_step_end(self, run: ObservedRun) -> None:
+        """After a generator step and its callbacks (the loop calls it after the other observers); a step that
+        logged its scalars closes the window."""
+        timer, step = self.timer, run.module.counters.g
         self.window_steps += 1
-        if logged:
+        if run.logged:
             totals = timer.collect()  # one device sync per logging window
             elapsed = time.perf_counter() - self.window_start
             values = {f"time/{name}_ms": totals.get(name, 0.0) / self.window_steps for name in NAMES}
