@@ -279,6 +279,29 @@ def test_a_full_disk_while_a_checkpoint_is_written_ends_in_one_line_and_leaves_n
     assert list((run_dir / "checkpoints").iterdir()) == []  # no partial checkpoint, no temporary file
 
 
+def test_a_full_disk_while_a_sample_grid_is_written_ends_in_one_line_and_leaves_no_partial_picture(tmp_path):
+    """The samples' pictures are written whole or not at all, as checkpoints are. The limit (8 kB) is under the first
+    grid (64 samples: about 12 kB), over the run's config files (Hydra's: 4 kB) and its CSV log (no TensorBoard: its
+    events would reach the limit first), and the grid comes before the first checkpoint."""
+    import resource
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8_000, 8_000))
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # a .pyc over the limit would be written cut short
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "health.enabled=false",
+                          "logger=csv", "log.num_samples=64", "checkpoint.every=100"],
+                         cwd=ROOT, preexec_fn=limited, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1
+    grid = run_dir / "samples" / "step_000003.png"
+    assert out.stderr.strip().splitlines() == [
+        f"error: cannot write {grid} (File too large): free disk space or choose a writable directory; the previous "
+        f"{grid.name}, if there was one, is unchanged"]
+    assert list((run_dir / "samples").iterdir()) == []  # no partial picture, no temporary file
+
+
 def test_a_full_disk_while_tensorboard_writes_ends_in_one_line_without_a_threads_traceback(tmp_path):
     """TensorBoard's events are written by a thread of their own, whose failed write printed that thread's traceback
     before the run's own error; the run now ends in one line that says what to do. The limit (20 kB) is under the
