@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -83,7 +84,9 @@ class NonfiniteGradient(Observer):
     def on_step_start(self, run, batch):
         if run.module.counters.g == 1:
             weight = next(run.module.G.parameters())
-            self.hook = weight.register_post_accumulate_grad_hook(lambda p: p.grad.view(-1).__setitem__(0, math.inf))
+            # Its first element, in any memory layout (the digits recipe's convolutions are channels_last).
+            self.hook = weight.register_post_accumulate_grad_hook(
+                lambda p: p.grad.__setitem__((0,) * p.grad.dim(), math.inf))
 
     def on_step_end(self, run):
         if run.module.counters.g == 2:
@@ -260,8 +263,6 @@ def test_a_full_disk_while_a_checkpoint_is_written_ends_in_one_line_and_leaves_n
     """The disk filling up is simulated by a file size limit (RLIMIT_FSIZE, which the kernel enforces on every
     write, as it does a full disk): torch.save's writer then fails with a RuntimeError of its own, which the run
     reports as the failed write it is."""
-    import resource
-
     def limited() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the failed write returns an error instead of a signal
         # Below the tiny run's first checkpoint (over 300 kB), above its TensorBoard events and samples by then.
@@ -283,8 +284,6 @@ def test_a_full_disk_while_a_sample_grid_is_written_ends_in_one_line_and_leaves_
     """The samples' pictures are written whole or not at all, as checkpoints are. The limit (8 kB) is under the first
     grid (64 samples: about 12 kB), over the run's config files (Hydra's: 4 kB) and its CSV log (no TensorBoard: its
     events would reach the limit first), and the grid comes before the first checkpoint."""
-    import resource
-
     def limited() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (8_000, 8_000))
@@ -302,12 +301,36 @@ def test_a_full_disk_while_a_sample_grid_is_written_ends_in_one_line_and_leaves_
     assert list((run_dir / "samples").iterdir()) == []  # no partial picture, no temporary file
 
 
+class DiskFillsAtTheEnd(Observer):
+    """The disk fills once the run's last checkpoint is written (a probe is told of the end after the run's own
+    outputs): a file size limit of 1 kB from there, which the kernel enforces on every write as it does a full disk."""
+
+    def on_end(self, run):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def test_a_full_disk_while_the_generator_is_saved_says_so_and_keeps_the_last_checkpoint(tmp_path):
+    """generator.pt, written after last.ckpt, fails with the same one line as a checkpoint (train.py prints the
+    RunError's message), leaves no partial file, and the checkpoint before it resumes: nothing is lost."""
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        with pytest.raises(RunError) as failed:
+            train(compose_config(*TINY, "health.enabled=false", run_dir=tmp_path), probes=[DiskFillsAtTheEnd()])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    snapshot = tmp_path / "generator.pt"
+    assert str(failed.value) == (f"cannot write {snapshot} (File too large): free disk space or choose a writable "
+                                 "directory; the previous generator.pt, if there was one, is unchanged")
+    assert not snapshot.exists() and not list(tmp_path.glob(".generator.pt.*"))
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(last["state_dict"]["counters.g_updates"]) == 6  # debug=tiny's every step, whole
+
+
 def test_a_full_disk_while_tensorboard_writes_ends_in_one_line_without_a_threads_traceback(tmp_path):
     """TensorBoard's events are written by a thread of their own, whose failed write printed that thread's traceback
     before the run's own error; the run now ends in one line that says what to do. The limit (20 kB) is under the
     first sample grid and checkpoint, over the run's config files."""
-    import resource
-
     def limited() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
