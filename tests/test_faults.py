@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,46 +260,44 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint_of_its_step(tmp_path
     assert stopped.value.code == code
 
 
-def test_a_full_disk_while_a_checkpoint_is_written_ends_in_one_line_and_leaves_no_partial_file(tmp_path):
-    """The disk filling up is simulated by a file size limit (RLIMIT_FSIZE, which the kernel enforces on every
-    write, as it does a full disk): torch.save's writer then fails with a RuntimeError of its own, which the run
-    reports as the failed write it is."""
+def train_py_with_file_size_limit(limit: int, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`python train.py` (the tiny run, without its health check, whose feature network the cache would get) with
+    every file it writes limited to ``limit`` bytes: RLIMIT_FSIZE, which the kernel enforces on every write as it
+    does a full disk (the failed write returns an error rather than a signal)."""
     def limited() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the failed write returns an error instead of a signal
-        # Below the tiny run's first checkpoint (over 300 kB), above its TensorBoard events and samples by then.
-        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    run_dir = tmp_path / "run"
-    # No health check: its feature network, written to the cache on a first run, is larger than the limit too.
-    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "health.enabled=false"],
-                         cwd=ROOT, preexec_fn=limited, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # a .pyc over the limit would be written cut short
+    return subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "health.enabled=false",
+                           *overrides], cwd=ROOT, preexec_fn=limited, capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def failed_whole(out: subprocess.CompletedProcess, path: Path) -> None:
+    """The run ended in one line naming ``path``, the file whose write failed, and left neither part of it nor a
+    temporary file beside it."""
     assert out.returncode == 1
-    checkpoint = run_dir / "checkpoints" / "step_000003.ckpt"
     assert out.stderr.strip().splitlines() == [
-        f"error: cannot write {checkpoint} (File too large): free disk space or choose a writable directory; the "
-        f"previous {checkpoint.name}, if there was one, is unchanged"]
-    assert list((run_dir / "checkpoints").iterdir()) == []  # no partial checkpoint, no temporary file
+        f"error: cannot write {path} (File too large): free disk space or choose a writable directory; the previous "
+        f"{path.name}, if there was one, is unchanged"]
+    assert list(path.parent.iterdir()) == []
+
+
+def test_a_full_disk_while_a_checkpoint_is_written_ends_in_one_line_and_leaves_no_partial_file(tmp_path):
+    """torch.save's writer fails with a RuntimeError of its own, which the run reports as the failed write it is.
+    The limit (300 kB) is under the tiny run's first checkpoint, over its TensorBoard events and samples by then."""
+    run_dir = tmp_path / "run"
+    failed_whole(train_py_with_file_size_limit(300_000, run_dir), run_dir / "checkpoints" / "step_000003.ckpt")
 
 
 def test_a_full_disk_while_a_sample_grid_is_written_ends_in_one_line_and_leaves_no_partial_picture(tmp_path):
     """The samples' pictures are written whole or not at all, as checkpoints are. The limit (8 kB) is under the first
     grid (64 samples: about 12 kB), over the run's config files (Hydra's: 4 kB) and its CSV log (no TensorBoard: its
     events would reach the limit first), and the grid comes before the first checkpoint."""
-    def limited() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (8_000, 8_000))
-
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # a .pyc over the limit would be written cut short
-    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "health.enabled=false",
-                          "logger=csv", "log.num_samples=64", "checkpoint.every=100"],
-                         cwd=ROOT, preexec_fn=limited, capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 1
-    grid = run_dir / "samples" / "step_000003.png"
-    assert out.stderr.strip().splitlines() == [
-        f"error: cannot write {grid} (File too large): free disk space or choose a writable directory; the previous "
-        f"{grid.name}, if there was one, is unchanged"]
-    assert list((run_dir / "samples").iterdir()) == []  # no partial picture, no temporary file
+    out = train_py_with_file_size_limit(8_000, run_dir, "logger=csv", "log.num_samples=64", "checkpoint.every=100")
+    failed_whole(out, run_dir / "samples" / "step_000003.png")
 
 
 class DiskFillsAtTheEnd(Observer):
@@ -331,14 +330,7 @@ def test_a_full_disk_while_tensorboard_writes_ends_in_one_line_without_a_threads
     """TensorBoard's events are written by a thread of their own, whose failed write printed that thread's traceback
     before the run's own error; the run now ends in one line that says what to do. The limit (20 kB) is under the
     first sample grid and checkpoint, over the run's config files."""
-    def limited() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
-
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # a .pyc over the limit would be written cut short
-    out = subprocess.run([sys.executable, "train.py", *TINY, f"hydra.run.dir={run_dir}", "health.enabled=false"],
-                         cwd=ROOT, preexec_fn=limited, capture_output=True, text=True, timeout=120, env=env)
+    out = train_py_with_file_size_limit(20_000, tmp_path / "run")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         "error: cannot write to the run directory (File too large): free disk space or choose a writable directory; "
