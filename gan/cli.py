@@ -81,8 +81,22 @@ def reported() -> Iterator[None]:
         report(e.message, e.code)
     except KeyboardInterrupt:
         report("interrupted", 130)
+    except Exception as e:
+        if (full := disk_full(e)) is None:
+            raise
+        report(f"error: {one_line(full)}", 1)
     finally:
         threading.excepthook = hook
+
+
+def disk_full(e: BaseException | None) -> OSError | None:
+    """The full disk behind ``e``, where its chain of causes holds one: a library may wrap a failed write in an error
+    of its own (Lightning's TensorBoard logger raises a ValueError from the write its event writer failed)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def report(line: str, code: int) -> None:

@@ -22,7 +22,7 @@ from gan.training.checks import Start, check_before_writing, check_writable
 from gan.training.fabric_adapter import kill_other_ranks
 from gan.training.host import launched_by
 from gan.training.observer import Observer
-from gan.training.run_end import at_end, close, finish
+from gan.training.run_end import at_end, close, close_after_error, finish
 from gan.training.state import Training
 
 
@@ -83,7 +83,6 @@ def run_steps(run: Training, probes: Sequence[Observer]) -> None:
     agree_every = log_every if fabric.world_size > 1 else 1
     images = run.batch_size * fabric.world_size  # real images a generator step takes, over all processes
     observers, clock = [*run.observers, *probes], run.step_timer
-    status = "failed"
     try:
         for logger in run.loggers:
             logger.log_hyperparams(module.hparams)
@@ -114,12 +113,11 @@ def run_steps(run: Training, probes: Sequence[Observer]) -> None:
             if clock is not None:  # after the callbacks' phase: their time is in this window
                 clock.on_step_end(run)
         at_end(run, observers)
-        status = "success"
     except BaseException:
         kill_other_ranks(fabric)  # a rank that failed alone would leave the others waiting in a collective
+        close_after_error(run, observers)
         raise
-    finally:
-        close(run, observers, status)
+    close(run, observers, "success")
 
 
 def run_step(run: Training, batch: tuple[Tensor, Tensor]) -> step.StepResult:

@@ -1,5 +1,6 @@
 """A run's end: what is written after its last step (:func:`at_end`), what is closed however the steps ended
-(:func:`close`), and the summary it returns with or the error it ends in (:func:`finish`)."""
+(:func:`close`, :func:`close_after_error`), and the summary it returns with or the error it ends in
+(:func:`finish`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def close(run: Training, observers: Sequence[Observer], status: str) -> None:
     run.profiler.describe()
     for logger in run.loggers:
         logger.finalize(status)
+
+
+def close_after_error(run: Training, observers: Sequence[Observer]) -> None:
+    """:func:`close` after the steps failed: an error of its own (the full disk that stopped the run, met again by
+    the loggers' last write) is logged, not raised, so the error that stopped the run is the one reported."""
+    try:
+        close(run, observers, "failed")
+    except Exception as e:
+        log.warning(f"closing the run after its error failed too: {e}")
 
 
 def finish(run: Training) -> Training:
