@@ -274,21 +274,20 @@ def train_py_with_file_size_limit(limit: int, run_dir: Path, *overrides: str) ->
                           env=env)
 
 
-def failed_whole(out: subprocess.CompletedProcess, path: Path) -> None:
-    """The run ended in one line naming ``path``, the file whose write failed, and left neither part of it nor a
-    temporary file beside it."""
-    assert out.returncode == 1
-    assert out.stderr.strip().splitlines() == [
-        f"error: cannot write {path} (File too large): free disk space or choose a writable directory; the previous "
-        f"{path.name}, if there was one, is unchanged"]
-    assert list(path.parent.iterdir()) == []
+def cannot_write(path: Path) -> list[str]:
+    """What train.py prints on stderr where writing ``path`` met a full disk (gan/files.py's atomic_write)."""
+    return [f"error: cannot write {path} (File too large): free disk space or choose a writable directory; the "
+            f"previous {path.name}, if there was one, is unchanged"]
 
 
 def test_a_full_disk_while_a_checkpoint_is_written_ends_in_one_line_and_leaves_no_partial_file(tmp_path):
     """torch.save's writer fails with a RuntimeError of its own, which the run reports as the failed write it is.
     The limit (300 kB) is under the tiny run's first checkpoint, over its TensorBoard events and samples by then."""
     run_dir = tmp_path / "run"
-    failed_whole(train_py_with_file_size_limit(300_000, run_dir), run_dir / "checkpoints" / "step_000003.ckpt")
+    out = train_py_with_file_size_limit(300_000, run_dir)
+    checkpoint = run_dir / "checkpoints" / "step_000003.ckpt"
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == cannot_write(checkpoint)
+    assert list(checkpoint.parent.iterdir()) == []  # no partial checkpoint, no temporary file
 
 
 def test_a_full_disk_while_a_sample_grid_is_written_ends_in_one_line_and_leaves_no_partial_picture(tmp_path):
@@ -297,7 +296,9 @@ def test_a_full_disk_while_a_sample_grid_is_written_ends_in_one_line_and_leaves_
     events would reach the limit first), and the grid comes before the first checkpoint."""
     run_dir = tmp_path / "run"
     out = train_py_with_file_size_limit(8_000, run_dir, "logger=csv", "log.num_samples=64", "checkpoint.every=100")
-    failed_whole(out, run_dir / "samples" / "step_000003.png")
+    grid = run_dir / "samples" / "step_000003.png"
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == cannot_write(grid)
+    assert list(grid.parent.iterdir()) == []  # no partial picture, no temporary file
 
 
 class DiskFillsAtTheEnd(Observer):
@@ -319,8 +320,7 @@ def test_a_full_disk_while_the_generator_is_saved_says_so_and_keeps_the_last_che
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, handler)
     snapshot = tmp_path / "generator.pt"
-    assert str(failed.value) == (f"cannot write {snapshot} (File too large): free disk space or choose a writable "
-                                 "directory; the previous generator.pt, if there was one, is unchanged")
+    assert [f"error: {failed.value}"] == cannot_write(snapshot)  # the line train.py prints
     assert not snapshot.exists() and not list(tmp_path.glob(".generator.pt.*"))
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert int(last["state_dict"]["counters.g_updates"]) == 6  # debug=tiny's every step, whole
