@@ -69,7 +69,7 @@ from gan.data.loader import GANData
 from gan.patterns import gan_step, measure
 from gan.run.build import penalty_weight
 from gan.run.module import GANModule
-from gan.training import loop, outputs
+from gan.training import after_step, loop
 from gan.training.host import NVML_CHECK, no_gpu_probe_per_step
 from gan.training.loop import train
 from gan.training.observer import Observer
@@ -817,13 +817,13 @@ def loop_us(steps: int) -> float:
                             f"trainer.max_steps={steps + WARMUP}",
                             "trainer.accelerator=cpu", run_dir=Path(tmp) / "run")
         clock = StepClock()
-        saved = loop.run_step, GANModule.update_statistics, outputs.log_step
+        saved = loop.run_step, GANModule.update_statistics, after_step.log_step
         # the last step logs whatever log.every says: with no step, nothing to log
-        loop.run_step, GANModule.update_statistics, outputs.log_step = no_step, count_only, no_step
+        loop.run_step, GANModule.update_statistics, after_step.log_step = no_step, count_only, no_step
         try:
             train(cfg, [clock])
         finally:
-            loop.run_step, GANModule.update_statistics, outputs.log_step = saved
+            loop.run_step, GANModule.update_statistics, after_step.log_step = saved
     return (clock.ends[-1] - clock.ends[WARMUP - 1]) * 1e6 / (len(clock.ends) - WARMUP)
 
 
