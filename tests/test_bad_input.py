@@ -5,6 +5,7 @@ the entry points' real main(), real files."""
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import re
 import shlex
@@ -166,6 +167,20 @@ CONFIG_ERRORS = {
 def test_a_deleted_key_added_back_as_the_refusal_says_trains(tmp_path):
     assert run_train(tmp_path / "run", "~trainer.max_steps", "+trainer.max_steps=2") == 0
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_an_option_file_edited_between_two_runs_of_one_process_is_read_again(tmp_path):
+    """A run reads the keys its option files set once per version of each file (it checks its config twice), not
+    once per process: a notebook's user who edits a file between two runs is checked against the edit."""
+    from gan.config.schema import keys_of
+
+    option = tmp_path / "option.yaml"
+    option.write_text("defaults: [base]\na: 1\n")
+    assert keys_of(option, option.stat().st_mtime_ns) == (False, ("a",))
+    modified = option.stat().st_mtime_ns
+    option.write_text("# @package _global_\na: 1\nb: {c: 2}\n")
+    os.utime(option, ns=(modified + 10**9, modified + 10**9))  # a later version, whatever the clock's resolution
+    assert keys_of(option, option.stat().st_mtime_ns) == (True, ("a", "b.c"))
 
 
 @pytest.mark.parametrize("overrides,expected", CONFIG_ERRORS.items(), ids=[" ".join(o) for o in CONFIG_ERRORS])

@@ -37,6 +37,7 @@ values to the new name; on the command line they are refused in one line naming 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import MISSING as NO_DEFAULT
@@ -387,7 +388,7 @@ def conform(cfg: DictConfig, schema: type) -> DictConfig:
     """``cfg`` with every value converted to its type in ``schema``; a ConfigError names the first key
     that is not in the schema, or whose value has no such conversion. Interpolations stay as they are
     (their targets are typed where they are defined)."""
-    structure = OmegaConf.structured(schema)
+    structure = structure_of(schema)
     try:
         typed = OmegaConf.merge(structure, cfg)
     except ConfigKeyError as e:  # a key the schema does not have: a typo in a YAML file, or a +key override
@@ -406,6 +407,13 @@ def conform(cfg: DictConfig, schema: type) -> DictConfig:
         if value is not None and value not in declared.get("also", ()) and not allowed(value, declared):
             raise ConfigError(refusal(name, value, declared))
     return conformed
+
+
+@functools.cache
+def structure_of(schema: type) -> DictConfig:
+    """``schema`` as OmegaConf's structured config, built once: a run conforms its config twice (its Hydra callback's
+    checks, then the loop's), and the merge copies it rather than change it."""
+    return OmegaConf.structured(schema)
 
 
 def allowed(value: Any, declared: dict[str, Any]) -> bool:
@@ -499,11 +507,17 @@ def option_keys(group: str, option: str) -> list[str]:
     path = CONFIGS / group / f"{option}.yaml"
     if not path.is_file():
         return []
+    global_package, flat = keys_of(path, path.stat().st_mtime_ns)
+    return list(flat) if global_package else [f"{group}.{k}" for k in flat]
+
+
+@functools.cache
+def keys_of(path: Path, version: int) -> tuple[bool, tuple[str, ...]]:
+    """Whether the YAML file at ``path`` is in the ``_global_`` package, and the dotted keys it sets (its defaults
+    list aside); read once for each ``version`` (its modification time: a notebook's user may edit it between runs)."""
     text = path.read_text()
     loaded = OmegaConf.to_container(OmegaConf.create(text))
-    loaded.pop("defaults", None)
-    flat = dotted(loaded)
-    return flat if "# @package _global_" in text else [f"{group}.{k}" for k in flat]
+    return "# @package _global_" in text, tuple(dotted({k: v for k, v in loaded.items() if k != "defaults"}))
 
 
 def dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
@@ -515,8 +529,8 @@ def deleted_keys(cfg: DictConfig) -> list[str]:
     """The keys a run of ``cfg``'s options needs that it lacks (a ``~key`` override deleted them): those
     configs/train.yaml sets itself, those of the shared files of trainer, optim and eval, and those of the option
     chosen in each of data, model, loss, reg and augment."""
-    own = OmegaConf.to_container(OmegaConf.load(CONFIGS / "train.yaml"))
-    needed = dotted({k: v for k, v in own.items() if k not in ("defaults", "hydra", "paths")})
+    own = CONFIGS / "train.yaml"
+    needed = [k for k in keys_of(own, own.stat().st_mtime_ns)[1] if k.split(".")[0] not in ("hydra", "paths")]
     needed += [k for group, base in SHARED_BASE.items() for k in option_keys(group, base)]
     for group in CHOSEN_BY_NAME:
         name = OmegaConf.select(cfg, f"{group}.name", default=None)
