@@ -52,21 +52,26 @@ BROKEN = {
     "learning rates of 0.3, ring": (["experiment=ring", "optim.g.lr=0.3", "optim.d.lr=0.3"], "divergence"),
     # G broken in code, as no config can break it: each class asked for reaches it as class 0 (IgnoreLabels).
     "G ignores its labels, conditional ring": (["experiment=ring", "model.conditional=true"], "labels_ignored"),
+    # Listed among the healthy runs until it ran at seed 0, so its condition was named after that run: with the ring
+    # recipe's rates and one critic update a G step, WGAN-GP spreads its samples along the whole circle, between the
+    # modes (high_quality 0.11 at 16,000 steps, the recipe's 0.97).
+    "WGAN-GP at the ring recipe's rates": (["experiment=ring", "loss=wgan_gp"], "off_data"),
 }
 # The broken runs drawn beside the healthy digits recipe (--picture): one per condition.
 PICTURED = ("D much faster, saturating loss", "32 images, no augmentation", "learning rates of 1",
             "WGAN without its penalty, D's rate 0.01", "networks far too narrow, images")
 # The run a fine-tuning row starts from (trained first: the digits recipe at seed 0).
 FINE_TUNED_FROM = "recipe_digits_seed0"
-# Healthy beside the recipes, at the first seed: each loss in the digits and ring recipes, augmentation on a few
-# hundred images, the residual network, a short run, fine-tuning with D partly frozen, a conditional G.
+# Healthy beside the recipes, at the first seed: each loss in the digits and ring recipes (but WGAN-GP on the ring,
+# which fails there: above), augmentation on a few hundred images, the residual network, a short run, fine-tuning
+# with D partly frozen, a conditional G.
 HEALTHY = {
     **{f"digits, loss={loss}": ["experiment=digits", f"loss={loss}"]
        for loss in ("nonsaturating", "minimax", "hinge", "lsgan", "wgan_gp")},
     "digits, 300 images, augment=ada": ["experiment=digits", "data.limit=300", "augment=ada"],
     "digits, 300 images, augment=diff": ["experiment=digits", "data.limit=300", "augment=diff"],
     **{f"ring, loss={loss}": ["experiment=ring", f"loss={loss}"]
-       for loss in ("nonsaturating", "minimax", "hinge", "lsgan", "wgan_gp")},
+       for loss in ("nonsaturating", "minimax", "hinge", "lsgan")},
     "digits, model=resnet": ["experiment=digits", "model=resnet"],
     "digits, 600 steps": ["experiment=digits", "trainer.max_steps=600"],
     # Fine-tuning the digits recipe's seed-0 run on 100 images of five classes, D's first two blocks frozen.
