@@ -1,6 +1,6 @@
 """The recipes of configs/experiment/: each composes, builds a GAN whose networks fit its data, and is
 scored in the feature space it chose. After a short real run, the 2D recipes still cover their modes at
-their spread, the MNIST recipe draws every digit and the StackedMNIST recipe most of its 1,000 triples
+their spread, the MNIST recipe draws every digit and the StackedMNIST recipe hundreds of its 1,000 triples
 (floors that catch a broken recipe; the seeded figures come from benchmarks/toy.py, images.py and
 stacked.py, not from here)."""
 
@@ -128,14 +128,14 @@ TRAINING_CASES = {
     "grid": TrainingCase(("experiment=grid", "trainer.max_steps=2000", "ema.decay=0.99", "log.sample_every=2000",
                           "checkpoint.every=2000", *QUIET), (),
                          {"modes": (">=", 13), "reverse_kl": ("<", 0.6), "spread": (">=", 0.8)}),
-    "mnist": TrainingCase(("experiment=mnist", *MNIST_DATA, "trainer.max_steps=300", "log.sample_every=300",
-                           "checkpoint.every=300", "eval.classifier_steps=300", *QUIET),
+    "mnist": TrainingCase(("experiment=mnist", *MNIST_DATA, "trainer.max_steps=200", "log.sample_every=200",
+                           "checkpoint.every=200", "eval.classifier_steps=300", *QUIET),
                           ("num_samples=2000", "num_real=2000", "classifier_steps=300"),
                           {"class_kl": ("<", 0.2), "recall": (">=", 0.5), "fid": ("<", 100)}),
-    "stacked_mnist": TrainingCase(("experiment=stacked_mnist", *MNIST_DATA, "trainer.max_steps=300",
-                                   "log.sample_every=300", "checkpoint.every=300", "eval.classifier_steps=300", *QUIET),
+    "stacked_mnist": TrainingCase(("experiment=stacked_mnist", *MNIST_DATA, "trainer.max_steps=200",
+                                   "log.sample_every=200", "checkpoint.every=200", "eval.classifier_steps=300", *QUIET),
                                   ("num_samples=2000", "num_real=2000", "classifier_steps=300"),
-                                  {"stacked_modes": (">=", 500), "stacked_kl": ("<", 1.2)}),
+                                  {"stacked_modes": (">=", 400), "stacked_kl": ("<", 1.5)}),
 }
 
 
@@ -164,9 +164,9 @@ def test_mnist_recipe_draws_every_digit(tmp_path, feature_cache):
 
 
 @pytest.mark.skipif(not MNIST_T10K.is_dir(), reason="../shared/data/mnist_t10k is absent")
-def test_stacked_mnist_recipe_reaches_most_of_its_1000_modes(tmp_path, feature_cache):
-    """Most of the 1,000 triples in 2,000 samples (2,000 real stacks hit about 860): a G that collapsed onto a few
-    digits per channel falls far under the floor."""
+def test_stacked_mnist_recipe_reaches_many_of_its_1000_modes(tmp_path, feature_cache):
+    """Many of the 1,000 triples in 2,000 samples after 200 steps (2,000 real stacks hit about 860): a G that
+    collapsed onto seven digits or fewer per channel (at most 343 triples) falls under the floor."""
     metrics = train_and_score("stacked_mnist", tmp_path / "stacked", feature_cache)
     assert not TRAINING_CASES["stacked_mnist"].missed(metrics)
 
