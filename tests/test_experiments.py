@@ -7,6 +7,8 @@ stacked.py, not from here)."""
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,3 +232,27 @@ def test_classifiers_trained_for_different_steps_are_cached_apart(tmp_path):
         classifier_features("classifier", "tiny", images, labels, str(tmp_path), steps)
     assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["classifier-tiny-1x8x8-3steps.pt",
                                                              "classifier-tiny-1x8x8-5steps.pt"]
+
+
+def test_runs_side_by_side_on_one_cache_train_its_classifier_once(tmp_path, caplog):
+    """Two runs sharing a feature cache (a joblib sweep, the suite's workers): the first trains the classifier, the
+    other waits for its file and reads it. Two threads stand in for the processes: each takes its own lock on the
+    cache file, as a process would."""
+    from gan.evaluation.features import classifier_features
+
+    images, labels = torch.rand(40, 1, 8, 8) * 2 - 1, torch.arange(40) % 4
+    start, spaces = threading.Barrier(2), []
+
+    def score() -> None:
+        start.wait()  # both ask for the classifier at once, before either has written it
+        spaces.append(classifier_features("classifier", "tiny", images, labels, str(tmp_path), 30))
+
+    with caplog.at_level(logging.INFO, logger="gan.evaluation.features"):
+        threads = [threading.Thread(target=score) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert caplog.text.count("trained a CNN") == 1 and len(spaces) == 2
+    first, second = (space.state_dict() for space in spaces)
+    assert all(torch.equal(first[key], second[key]) for key in first)

@@ -34,11 +34,14 @@ import logging
 import time
 import warnings
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock, Timeout
 from torch import Tensor, nn
 from torchmetrics.image.fid import NoTrainInceptionV3
 
@@ -174,26 +177,44 @@ def classifier_features(kind: str, data_id: str, images: Tensor, labels: Tensor 
     """
     channels, height, width = images.shape[1:]
     path = Path(cache_dir).expanduser() / f"{kind}-{data_id}-{channels}x{height}x{width}-{steps}steps.pt"
-    if path.exists():
-        saved = read_verified(path)
-        with torch.random.fork_rng(devices=[]):  # the layers' initial draws, overwritten below, leave the run's alone
-            net = ConvClassifier(channels, width, saved["num_classes"], saved["width"])
-        try:
-            net.load_state_dict(saved["state_dict"])
-        except RuntimeError:  # written by an older version of ConvClassifier
-            raise ConfigError(f"{path} holds a classifier of another architecture: delete it and its "
-                              ".sha256 file to retrain") from None
-    else:
-        start = time.perf_counter()
-        labels = None if labels is None else labels.to(images.device)
-        net, accuracy, held_out = train_classifier(images, labels, steps)
-        log.info(f"{kind} features for {data_id}: trained a CNN in {time.perf_counter() - start:.1f} s, "
-                 f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
-        write_verified(path, {"state_dict": net.state_dict(), "num_classes": net.head.out_features,
-                              "width": net.width, "accuracy": accuracy})
+    if not path.exists():  # a cached file is whole (write_verified), so reading it needs no lock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Runs side by side that share the cache (a joblib sweep, a test suite's workers) train a classifier once:
+        # the first trains it, the others wait for its file rather than train it again beside it.
+        with waiting_for(FileLock(f"{path}.lock"), f"another process is training {path}: waiting for it"):
+            if not path.exists():
+                start = time.perf_counter()
+                labels = None if labels is None else labels.to(images.device)
+                net, accuracy, held_out = train_classifier(images, labels, steps)
+                log.info(f"{kind} features for {data_id}: trained a CNN in {time.perf_counter() - start:.1f} s, "
+                         f"test accuracy {accuracy:.1%} on {held_out} held-out examples; cached in {path}")
+                write_verified(path, {"state_dict": net.state_dict(), "num_classes": net.head.out_features,
+                                      "width": net.width, "accuracy": accuracy})
+    saved = read_verified(path)
+    with torch.random.fork_rng(devices=[]):  # the layers' initial draws, overwritten below, leave the run's alone
+        net = ConvClassifier(channels, width, saved["num_classes"], saved["width"])
+    try:
+        net.load_state_dict(saved["state_dict"])
+    except RuntimeError:  # written by an older version of ConvClassifier
+        raise ConfigError(f"{path} holds a classifier of another architecture: delete it and its "
+                          ".sha256 file to retrain") from None
     # The head is kept only where it predicts the dataset's classes: the rotation head predicts turns.
     head = net.head if kind == "classifier" else None
     return FeatureExtractor(kind, net.body, net.num_features, head).to(images.device)
+
+
+@contextmanager
+def waiting_for(lock: FileLock, why: str) -> Iterator[None]:
+    """Hold ``lock``; where another process holds it, log ``why`` once and wait for it."""
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        log.info(why)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class PerChannel(nn.Module):
